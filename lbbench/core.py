@@ -1,0 +1,491 @@
+"""Core types shared by every part of lbbench: requests, lifecycle events, the
+client-side view of a cluster, and the flat per-request record.
+
+No dependencies beyond the standard library. Everything a router may look at is
+here; routers never import the simulator or the live harness.
+
+Token progress is tracked with a per-instance *step clock* so that a simulator
+can advance hundreds of running requests by k decode steps in O(1): a request
+that is decoding gains exactly one token per engine step, so its generated
+count is ``fixed + (clock - base)``. A live backend, which has no step clock,
+reports explicit counts instead (``TokensGenerated``) and never ticks. Both feed
+the same aggregates, so a router sees the same ``ClusterView`` either way.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, NamedTuple
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request as the load balancer receives it (immutable).
+
+    ``output_tokens`` is the true/target decode length: the simulator generates
+    exactly that many tokens and the live harness asks the server for exactly
+    that many. ``predicted_output_tokens`` / ``predicted_bucket`` are filled in
+    by the dispatcher from the run's predictor when the request arrives.
+    """
+
+    request_id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    task: str | None = None
+    prompt: str | None = None
+    prefix_hashes: tuple[int, ...] | None = None
+    predicted_output_tokens: int | None = None
+    predicted_bucket: int | None = None
+
+    @property
+    def expected_output_tokens(self) -> int:
+        """Predicted output length when known, else the true one (oracle)."""
+        p = self.predicted_output_tokens
+        return self.output_tokens if p is None else p
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    request: Request
+    instance: int
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    request_id: int
+    instance: int
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokensGenerated:
+    """Live backends: the request has produced ``generated_tokens`` so far."""
+
+    request_id: int
+    instance: int
+    time_s: float
+    generated_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepsAdvanced:
+    """Simulator: instance ran ``num_steps`` more engine steps; every request
+    that is decoding there gained one token per step."""
+
+    instance: int
+    time_s: float
+    num_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """Simulator (or a backend that can observe it): the request was evicted and
+    will be recomputed; it generates nothing until its next first token."""
+
+    request_id: int
+    instance: int
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    request_id: int
+    instance: int
+    time_s: float
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    request_id: int
+    instance: int
+    time_s: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceHealth:
+    """An instance went down (``healthy=False``) or came back."""
+
+    instance: int
+    time_s: float
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSample:
+    """A scraped ``/metrics`` sample (live) or the simulator's equivalent."""
+
+    instance: int
+    time_s: float
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_preemptions: int
+
+
+Event = (
+    Dispatched | FirstToken | TokensGenerated | StepsAdvanced | Preempted | Finished | Failed
+    | InstanceHealth | MetricsSample
+)
+
+class Decision(NamedTuple):
+    """A router's choice: send ``queue[queue_index]`` to instance ``instance``."""
+
+    queue_index: int
+    instance: int
+
+
+# --------------------------------------------------------------------------- buckets
+
+#: The paper's RL state buckets (tokens): 0-256, 256-2048, >=2048.
+DEFAULT_STATE_BUCKETS: tuple[int, ...] = (256, 2048)
+
+
+def bucket_of(tokens: int, edges: tuple[int, ...]) -> int:
+    """Index of the bucket ``tokens`` falls in; ``edges`` are upper bounds
+    (exclusive), the last bucket is open-ended."""
+    for i, edge in enumerate(edges):
+        if tokens < edge:
+            return i
+    return len(edges)
+
+
+# --------------------------------------------------------------------------- cluster state
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """What the router may know about an instance's capacity."""
+
+    max_num_seqs: int = 256
+    kv_capacity_tokens: int = 1 << 30
+    min_step_s: float = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class OutstandingView:
+    """One dispatched, unfinished request as seen from the router."""
+
+    request: Request
+    dispatched_s: float
+    first_token_s: float | None
+    generated_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """Immutable per-instance aggregates (O(1) to build)."""
+
+    index: int
+    healthy: bool
+    spec: InstanceSpec
+    num_outstanding: int
+    num_prefilling: int  # dispatched, no first token yet (or preempted)
+    num_decoding: int
+    prompt_tokens_pending: int  # prompt tokens of requests not yet producing tokens
+    context_tokens: int  # prompt + generated of decoding requests (KV in use, approx.)
+    predicted_tokens_remaining: int  # sum of expected output - generated (all outstanding)
+    predicted_footprint_tokens: int  # sum of prompt + expected output (final KV need)
+    min_remaining_tokens: int | None  # fewest expected tokens left among decoding requests
+    prompt_bucket_counts: tuple[int, ...]
+    decode_bucket_counts: tuple[int, ...]
+    num_dispatched_total: int
+    last_dispatch_s: float
+    metrics: MetricsSample | None
+    _outstanding: tuple[OutstandingView, ...] | None = None
+
+    @property
+    def outstanding(self) -> tuple[OutstandingView, ...]:
+        """Per-request detail (built on demand by ``ClusterState.view(detail=True)``)."""
+        if self._outstanding is None:
+            raise RuntimeError("view built without detail; call ClusterState.view(detail=True)")
+        return self._outstanding
+
+    @property
+    def work_tokens(self) -> int:
+        """Prompt tokens still to prefill plus expected decode tokens left."""
+        return self.prompt_tokens_pending + max(0, self.predicted_tokens_remaining)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Immutable snapshot of what a client can observe about the cluster."""
+
+    now_s: float
+    instances: tuple[InstanceView, ...]
+
+    @property
+    def num_instances(self) -> int:
+        return len(self.instances)
+
+    def healthy_indices(self) -> list[int]:
+        return [iv.index for iv in self.instances if iv.healthy]
+
+
+class _Entry:
+    __slots__ = ("request", "expected", "dispatched_s", "first_token_s", "fixed", "base", "ticking",
+                 "pb", "db")
+
+    def __init__(self, request: Request, dispatched_s: float, pb: int, db: int):
+        self.request = request
+        self.expected = request.expected_output_tokens
+        self.dispatched_s = dispatched_s
+        self.first_token_s: float | None = None
+        self.fixed = 0
+        self.base = 0
+        self.ticking = False
+        self.pb = pb
+        self.db = db
+
+
+class _Instance:
+    __slots__ = ("spec", "healthy", "entries", "clock", "sum_fixed", "sum_base", "n_ticking",
+                 "n_prefilling", "prompt_pending", "prompt_decoding", "sum_expected",
+                 "sum_prompt", "heap", "pcounts", "dcounts", "n_dispatched", "last_dispatch_s",
+                 "metrics")
+
+    def __init__(self, spec: InstanceSpec, n_pb: int, n_db: int):
+        self.spec = spec
+        self.healthy = True
+        self.entries: dict[int, _Entry] = {}
+        self.clock = 0
+        self.sum_fixed = 0  # sum of e.fixed over all entries
+        self.sum_base = 0  # over ticking entries
+        self.n_ticking = 0
+        self.n_prefilling = 0
+        self.prompt_pending = 0
+        self.prompt_decoding = 0
+        self.sum_expected = 0
+        self.sum_prompt = 0
+        self.heap: list[tuple[int, int]] = []  # (finish clock = expected + base - fixed, rid)
+        self.pcounts = [0] * n_pb
+        self.dcounts = [0] * n_db
+        self.n_dispatched = 0
+        self.last_dispatch_s = float("-inf")
+        self.metrics: MetricsSample | None = None
+
+
+class ClusterState:
+    """Client-side model of the cluster, fed only by lifecycle events."""
+
+    def __init__(self, specs: Iterable[InstanceSpec],
+                 prompt_buckets: tuple[int, ...] = DEFAULT_STATE_BUCKETS,
+                 decode_buckets: tuple[int, ...] = DEFAULT_STATE_BUCKETS):
+        self.prompt_buckets = tuple(prompt_buckets)
+        self.decode_buckets = tuple(decode_buckets)
+        n_pb, n_db = len(self.prompt_buckets) + 1, len(self.decode_buckets) + 1
+        self._inst = [_Instance(s, n_pb, n_db) for s in specs]
+        self._where: dict[int, int] = {}
+        self.now_s = 0.0
+
+    @property
+    def num_instances(self) -> int:
+        return len(self._inst)
+
+    def instance_of(self, request_id: int) -> int | None:
+        return self._where.get(request_id)
+
+    def outstanding_ids(self, instance: int) -> list[int]:
+        return list(self._inst[instance].entries)
+
+    # -- event handling ---------------------------------------------------------------
+    def apply(self, ev: Event) -> None:  # noqa: C901 - one branch per event type
+        self.now_s = max(self.now_s, ev.time_s)
+        if isinstance(ev, StepsAdvanced):
+            self._inst[ev.instance].clock += ev.num_steps
+        elif isinstance(ev, Dispatched):
+            self._dispatch(ev)
+        elif isinstance(ev, FirstToken):
+            inst = self._inst[ev.instance]
+            e = inst.entries.get(ev.request_id)
+            if e is not None and e.first_token_s is None:
+                self._start_decoding(inst, e, ev.time_s)
+        elif isinstance(ev, TokensGenerated):
+            inst = self._inst[ev.instance]
+            e = inst.entries.get(ev.request_id)
+            if e is None:
+                return
+            if e.first_token_s is None:
+                self._start_decoding(inst, e, ev.time_s)
+            delta = ev.generated_tokens - (e.fixed + (inst.clock - e.base if e.ticking else 0))
+            if delta:
+                e.fixed += delta
+                inst.sum_fixed += delta
+                if e.ticking:
+                    heapq.heappush(inst.heap, (e.expected - e.fixed + e.base, e.request.request_id))
+        elif isinstance(ev, Preempted):
+            inst = self._inst[ev.instance]
+            e = inst.entries.get(ev.request_id)
+            if e is not None and e.first_token_s is not None:
+                if e.ticking:
+                    self._stop_ticking(inst, e)
+                # back to prefilling: its context must be recomputed
+                inst.prompt_decoding -= e.request.prompt_tokens
+                inst.prompt_pending += e.request.prompt_tokens
+                inst.n_prefilling += 1
+                e.first_token_s = None
+        elif isinstance(ev, (Finished, Failed)):
+            self._remove(ev.instance, ev.request_id)
+        elif isinstance(ev, InstanceHealth):
+            self._inst[ev.instance].healthy = ev.healthy
+        elif isinstance(ev, MetricsSample):
+            self._inst[ev.instance].metrics = ev
+
+    def _dispatch(self, ev: Dispatched) -> None:
+        r = ev.request
+        inst = self._inst[ev.instance]
+        e = _Entry(r, ev.time_s, bucket_of(r.prompt_tokens, self.prompt_buckets),
+                   bucket_of(e_exp := r.expected_output_tokens, self.decode_buckets))
+        inst.entries[r.request_id] = e
+        self._where[r.request_id] = ev.instance
+        inst.n_prefilling += 1
+        inst.prompt_pending += r.prompt_tokens
+        inst.sum_expected += e_exp
+        inst.sum_prompt += r.prompt_tokens
+        inst.pcounts[e.pb] += 1
+        inst.dcounts[e.db] += 1
+        inst.n_dispatched += 1
+        inst.last_dispatch_s = ev.time_s
+
+    def _start_decoding(self, inst: _Instance, e: _Entry, time_s: float) -> None:
+        """A token was produced at ``time_s`` after a (re)prefill; from now on
+        the request gains one token per engine step (simulator) or reports its
+        count explicitly (live)."""
+        e.first_token_s = time_s
+        inst.n_prefilling -= 1
+        inst.prompt_pending -= e.request.prompt_tokens
+        inst.prompt_decoding += e.request.prompt_tokens
+        e.fixed += 1
+        inst.sum_fixed += 1
+        e.ticking = True
+        e.base = inst.clock
+        inst.n_ticking += 1
+        inst.sum_base += e.base
+        heapq.heappush(inst.heap, (e.expected - e.fixed + e.base, e.request.request_id))
+
+    def _stop_ticking(self, inst: _Instance, e: _Entry) -> None:
+        gen = e.fixed + inst.clock - e.base
+        inst.sum_fixed += gen - e.fixed
+        e.fixed = gen  # sum_fixed now also counts what ticked
+        e.ticking = False
+        inst.n_ticking -= 1
+        inst.sum_base -= e.base
+
+    def _remove(self, instance: int, request_id: int) -> None:
+        inst = self._inst[instance]
+        e = inst.entries.pop(request_id, None)
+        self._where.pop(request_id, None)
+        if e is None:
+            return
+        if e.ticking:
+            self._stop_ticking(inst, e)
+        inst.sum_fixed -= e.fixed
+        if e.first_token_s is None:
+            inst.n_prefilling -= 1
+            inst.prompt_pending -= e.request.prompt_tokens
+        else:
+            inst.prompt_decoding -= e.request.prompt_tokens
+        inst.sum_expected -= e.expected
+        inst.sum_prompt -= e.request.prompt_tokens
+        inst.pcounts[e.pb] -= 1
+        inst.dcounts[e.db] -= 1
+
+    # -- queries ----------------------------------------------------------------------
+    def generated_tokens(self, request_id: int) -> int:
+        i = self._where[request_id]
+        inst = self._inst[i]
+        e = inst.entries[request_id]
+        return e.fixed + (inst.clock - e.base if e.ticking else 0)
+
+    def _min_remaining(self, inst: _Instance) -> int | None:
+        heap = inst.heap
+        while heap:
+            key, rid = heap[0]
+            e = inst.entries.get(rid)
+            if e is None or not e.ticking or key != e.expected - e.fixed + e.base:
+                heapq.heappop(heap)  # stale
+                continue
+            return key - inst.clock
+        return None
+
+    def view(self, detail: bool = False) -> ClusterView:
+        out = []
+        for i, inst in enumerate(self._inst):
+            generated = inst.sum_fixed + inst.n_ticking * inst.clock - inst.sum_base
+            detail_rows = None
+            if detail:
+                detail_rows = tuple(
+                    OutstandingView(e.request, e.dispatched_s, e.first_token_s,
+                                    e.fixed + (inst.clock - e.base if e.ticking else 0))
+                    for e in inst.entries.values())
+            out.append(InstanceView(
+                index=i, healthy=inst.healthy, spec=inst.spec,
+                num_outstanding=len(inst.entries),
+                num_prefilling=inst.n_prefilling,
+                num_decoding=len(inst.entries) - inst.n_prefilling,
+                prompt_tokens_pending=inst.prompt_pending,
+                context_tokens=inst.prompt_decoding + generated,
+                predicted_tokens_remaining=inst.sum_expected - generated,
+                predicted_footprint_tokens=inst.sum_prompt + inst.sum_expected,
+                min_remaining_tokens=self._min_remaining(inst),
+                prompt_bucket_counts=tuple(inst.pcounts),
+                decode_bucket_counts=tuple(inst.dcounts),
+                num_dispatched_total=inst.n_dispatched,
+                last_dispatch_s=inst.last_dispatch_s,
+                metrics=inst.metrics,
+                _outstanding=detail_rows,
+            ))
+        return ClusterView(self.now_s, tuple(out))
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One flat row per request; goes straight into Polars.
+
+    Times are absolute seconds on the run's clock (0 = first arrival's epoch).
+    Derived columns (router_wait_s, ttft_s, e2e_s, ...) are computed in reports.
+    """
+
+    run_id: str
+    router: str
+    seed: int
+    request_id: int
+    task: str | None
+    instance: int
+    arrival_s: float
+    dispatch_s: float
+    first_token_s: float | None
+    finish_s: float | None
+    prompt_tokens: int
+    output_tokens: int  # requested/true length
+    generated_tokens: int  # what actually came back
+    predicted_output_tokens: int | None = None
+    predicted_bucket: int | None = None
+    num_preemptions: int | None = None
+    tbt_mean_s: float | None = None
+    tbt_p99_s: float | None = None
+    tbt_max_s: float | None = None
+    planned_send_s: float | None = None  # live runs: schedule
+    actual_send_s: float | None = None  # live runs: when the request left the client
+    server_prompt_tokens: int | None = None  # usage as the server counted it
+    server_output_tokens: int | None = None
+    http_status: int | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))

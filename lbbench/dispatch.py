@@ -1,0 +1,92 @@
+"""The central router queue and its decision epochs: a pure state machine.
+
+Both the simulator (virtual time) and the live harness (asyncio, wall clock)
+drive the *same* ``Dispatcher``: they call ``arrive`` when a request reaches the
+load balancer and ``decide`` at every decision epoch (an arrival, a completion,
+and every ``Δt`` while requests wait). ``decide`` offers the queue to the router
+until it defers (returns ``None``) or the queue is empty, applies each
+``Dispatched`` event to the shared ``ClusterState`` so the next decision in the
+same epoch sees it, and returns the dispatches for the backend to carry out.
+
+The dispatcher owns the router protocol (routers never import this module).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence, runtime_checkable
+
+from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request
+
+
+@runtime_checkable
+class Router(Protocol):
+    """What a router is, as the dispatcher uses it.
+
+    ``route`` sees the queue (read-only, oldest first), an immutable view of
+    the cluster and the time; it returns which queued request goes to which
+    instance, or ``None`` to defer (nothing more is dispatched this epoch).
+    Synchronous, no I/O, deterministic for a given seed.
+    """
+
+    name: str
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        ...
+
+
+class RouterError(RuntimeError):
+    """A router returned a decision that cannot be carried out."""
+
+
+class Dispatcher:
+    """Central FIFO queue (arrival order) + decision epochs."""
+
+    def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None):
+        self.router = router
+        self.state = state
+        self.max_per_epoch = max_per_epoch
+        self._queue: list[Request] = []
+        self._detail = bool(getattr(router, "needs_detail", False))
+        self._on_event = getattr(router, "on_event", None)
+        self.num_decisions = 0
+        self.num_deferrals = 0
+
+    @property
+    def queue(self) -> Sequence[Request]:
+        return self._queue
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def arrive(self, request: Request) -> None:
+        self._queue.append(request)
+
+    def observe(self, event: Event) -> None:
+        """Feed a lifecycle event from the backend to the state and the router."""
+        self.state.apply(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def view(self) -> ClusterView:
+        return self.state.view(detail=self._detail)
+
+    def decide(self, now_s: float) -> list[tuple[Request, int]]:
+        """Run one decision epoch; returns ``(request, instance)`` dispatches."""
+        out: list[tuple[Request, int]] = []
+        queue = self._queue
+        n_inst = self.state.num_instances
+        while queue and (self.max_per_epoch is None or len(out) < self.max_per_epoch):
+            self.state.now_s = max(self.state.now_s, now_s)
+            decision = self.router.route(queue, self.view(), now_s)
+            self.num_decisions += 1
+            if decision is None:
+                self.num_deferrals += 1
+                break
+            qi, inst = decision
+            if not (0 <= qi < len(queue)) or not (0 <= inst < n_inst):
+                raise RouterError(f"router {self.router.name!r} returned invalid decision {decision!r} "
+                                  f"(queue length {len(queue)}, {n_inst} instances)")
+            req = queue.pop(qi)
+            self.observe(Dispatched(req, inst, now_s))
+            out.append((req, inst))
+        return out

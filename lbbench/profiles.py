@@ -1,0 +1,144 @@
+"""Profiles: one TOML file per model x hardware x engine setting.
+
+A profile gives the simulator its step-time model
+``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` (seconds), the
+paged KV cache (``num_kv_blocks`` of ``block_size`` tokens), the engine's limits,
+the paper's mixing parameters and a ``[source]`` table saying where each number
+came from. Comparing hardware is comparing profiles.
+
+Lookup order for ``load_profile(name_or_path)``: an existing file path; then
+``profiles/NAME.toml`` in the source tree; then the copy shipped in the wheel.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .core import InstanceSpec
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    description: str
+    model: str
+    hardware: str
+    # step time (seconds)
+    base_s: float
+    prefill_token_s: float
+    decode_seq_s: float
+    context_token_s: float
+    # paged KV cache
+    num_kv_blocks: int
+    block_size: int
+    # engine limits
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    chunked_prefill: bool
+    # the paper's workload impact estimator
+    grad1: float
+    grad2: float
+    epsilon: float
+    alpha: float
+    min_step_s: float  # the paper's Δt: decision epoch / minimum decode step
+    source: dict[str, str] = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Single-stream decode rate used to convert seconds to tokens."""
+        return 1.0 / self.min_step_s
+
+    def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        return (self.base_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
+                + self.context_token_s * context_tokens)
+
+    def instance_spec(self) -> InstanceSpec:
+        return InstanceSpec(max_num_seqs=self.max_num_seqs, kv_capacity_tokens=self.kv_capacity_tokens,
+                            min_step_s=self.min_step_s)
+
+    def with_overrides(self, **kw: Any) -> "Profile":
+        return replace(self, **kw)
+
+
+_SECTIONS = {
+    "step": ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s"),
+    "kv": ("num_kv_blocks", "block_size"),
+    "engine": ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "chunked_prefill"),
+    "mixing": ("grad1", "grad2", "epsilon", "alpha", "min_step_s"),
+}
+
+
+def _source_dirs() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    return [here.parent / "profiles", here / "_profiles"]
+
+
+def available_profiles() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for d in _source_dirs():
+        if d.is_dir():
+            for p in sorted(d.glob("*.toml")):
+                out.setdefault(p.stem, p)
+    return out
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    p = Path(name_or_path)
+    if not (p.suffix == ".toml" and p.is_file()):
+        found = available_profiles().get(str(name_or_path))
+        if found is None:
+            names = ", ".join(available_profiles()) or "none"
+            raise ProfileError(f"--profile: unknown profile {str(name_or_path)!r} (known: {names}; "
+                               "or give a path to a .toml file)")
+        p = found
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{p}: not valid TOML: {exc}") from None
+    kw: dict[str, Any] = {
+        "name": data.get("name", p.stem),
+        "description": data.get("description", ""),
+        "model": data.get("model", ""),
+        "hardware": data.get("hardware", ""),
+        "source": {str(k): str(v) for k, v in data.get("source", {}).items()},
+        "path": str(p),
+    }
+    for section, keys in _SECTIONS.items():
+        tbl = data.get(section)
+        if not isinstance(tbl, dict):
+            raise ProfileError(f"{p}: missing table [{section}]")
+        for k in keys:
+            if k not in tbl:
+                raise ProfileError(f"{p}: missing key {section}.{k}")
+            kw[k] = tbl[k]
+    prof = Profile(**kw)
+    _validate(prof, p)
+    return prof
+
+
+def _validate(prof: Profile, p: Path) -> None:
+    for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s", "grad1", "grad2",
+              "epsilon", "alpha"):
+        if getattr(prof, k) < 0:
+            raise ProfileError(f"{p}: {k} must be >= 0")
+    for k in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if int(getattr(prof, k)) <= 0:
+            raise ProfileError(f"{p}: {k} must be a positive integer")
+    if prof.min_step_s <= 0:
+        raise ProfileError(f"{p}: mixing.min_step_s must be > 0")
+    if prof.max_num_batched_tokens < prof.max_num_seqs:
+        raise ProfileError(f"{p}: max_num_batched_tokens must be >= max_num_seqs (every running "
+                           "request decodes each step)")
