@@ -1,0 +1,1 @@
+"""Simulated vLLM instances and the cluster event loop (virtual time)."""
