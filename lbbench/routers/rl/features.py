@@ -1,0 +1,167 @@
+"""The RL router's state vector, built from what any router can see.
+
+Following the paper, the observation at a decision epoch is made of
+
+* the router queue length, divided by ``4 * max_num_seqs`` and capped at 1;
+* the head request's prompt length (``log1p`` scaled by the model's context
+  limit) and its predicted decode bucket (one-hot; all zeros when the queue is
+  empty);
+* per instance: the number of outstanding requests in each prompt bucket and in
+  each decode bucket (``InstanceView.prompt_bucket_counts`` /
+  ``decode_bucket_counts``, divided by ``max_num_seqs``), a capacity figure
+  ``1 - num_outstanding / max_num_seqs`` clipped to [-1, 1] (negative when the
+  instance already queues requests of its own), the estimated time to its
+  earliest completion ``min_remaining_tokens * min_step_s`` (divided by
+  ``completion_horizon_s`` and capped at 1; 0 when nothing decodes), and, beyond
+  the paper, the predicted KV footprint over the KV capacity (how close the
+  instance is to preempting) and whether it is healthy.
+
+Everything is a float32 numpy vector of fixed length ``FeatureSpec.obs_dim``;
+one call costs a few microseconds (a Python list filled in one pass, one
+``np.asarray``). No torch, no simulator imports: the same code serves the
+Gymnasium environment, the simulator and the live harness.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from lbbench.core import DEFAULT_STATE_BUCKETS, ClusterView, Request, bucket_of
+
+#: per-instance features: prompt buckets + decode buckets + these
+_PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "kv_footprint", "healthy")
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureSpec:
+    """Shapes and scales of the observation (saved with every checkpoint)."""
+
+    num_instances: int
+    max_num_seqs: int
+    min_step_s: float
+    max_model_len: int
+    kv_capacity_tokens: int
+    prompt_buckets: tuple[int, ...] = DEFAULT_STATE_BUCKETS
+    decode_buckets: tuple[int, ...] = DEFAULT_STATE_BUCKETS
+    completion_horizon_s: float = 10.0
+    count_cap: float = 4.0  #: bucket counts are clipped at this many max_num_seqs
+
+    @classmethod
+    def from_profile(cls, profile, num_instances: int, **kw) -> "FeatureSpec":
+        return cls(num_instances=num_instances, max_num_seqs=int(profile.max_num_seqs),
+                   min_step_s=float(profile.min_step_s), max_model_len=int(profile.max_model_len),
+                   kv_capacity_tokens=int(profile.kv_capacity_tokens), **kw)
+
+    @property
+    def num_prompt_buckets(self) -> int:
+        return len(self.prompt_buckets) + 1
+
+    @property
+    def num_decode_buckets(self) -> int:
+        return len(self.decode_buckets) + 1
+
+    @property
+    def per_instance_dim(self) -> int:
+        return self.num_prompt_buckets + self.num_decode_buckets + len(_PER_INSTANCE_EXTRA)
+
+    @property
+    def obs_dim(self) -> int:
+        return 2 + self.num_decode_buckets + self.num_instances * self.per_instance_dim
+
+    def names(self) -> list[str]:
+        """Feature names, in vector order (for debugging and the README)."""
+        out = ["queue_len", "head_prompt"] + [f"head_decode_b{b}" for b in range(self.num_decode_buckets)]
+        for i in range(self.num_instances):
+            out += [f"i{i}_prompt_b{b}" for b in range(self.num_prompt_buckets)]
+            out += [f"i{i}_decode_b{b}" for b in range(self.num_decode_buckets)]
+            out += [f"i{i}_{n}" for n in _PER_INSTANCE_EXTRA]
+        return out
+
+    def as_dict(self) -> dict:
+        return {"num_instances": self.num_instances, "max_num_seqs": self.max_num_seqs,
+                "min_step_s": self.min_step_s, "max_model_len": self.max_model_len,
+                "kv_capacity_tokens": self.kv_capacity_tokens,
+                "prompt_buckets": list(self.prompt_buckets),
+                "decode_buckets": list(self.decode_buckets),
+                "completion_horizon_s": self.completion_horizon_s, "count_cap": self.count_cap}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FeatureSpec":
+        d = dict(d)
+        d["prompt_buckets"] = tuple(d["prompt_buckets"])
+        d["decode_buckets"] = tuple(d["decode_buckets"])
+        return cls(**d)
+
+
+class Featurizer:
+    """Turns ``(queue, view)`` into the observation vector for one spec."""
+
+    __slots__ = ("spec", "_inv_seqs", "_queue_scale", "_prompt_scale", "_inv_horizon",
+                 "_inv_kv", "_cap", "_ndb", "_zeros_db")
+
+    def __init__(self, spec: FeatureSpec):
+        self.spec = spec
+        self._inv_seqs = 1.0 / spec.max_num_seqs
+        self._queue_scale = 1.0 / (4 * spec.max_num_seqs)
+        self._prompt_scale = 1.0 / math.log1p(spec.max_model_len)
+        self._inv_horizon = spec.min_step_s / spec.completion_horizon_s
+        self._inv_kv = 1.0 / max(1, spec.kv_capacity_tokens)
+        self._cap = spec.count_cap
+        self._ndb = spec.num_decode_buckets
+        self._zeros_db = [0.0] * self._ndb
+
+    def __call__(self, queue: Sequence[Request], view: ClusterView) -> np.ndarray:
+        spec = self.spec
+        if view.num_instances != spec.num_instances:
+            raise ValueError(f"features: view has {view.num_instances} instances, the policy was "
+                             f"built for {spec.num_instances}")
+        n = len(queue)
+        out = [min(1.0, n * self._queue_scale)]
+        if n:
+            head = queue[0]
+            out.append(min(1.0, math.log1p(head.prompt_tokens) * self._prompt_scale))
+            onehot = list(self._zeros_db)
+            onehot[bucket_of(head.expected_output_tokens, spec.decode_buckets)] = 1.0
+            out += onehot
+        else:
+            out.append(0.0)
+            out += self._zeros_db
+        inv, cap = self._inv_seqs, self._cap
+        for iv in view.instances:
+            for c in iv.prompt_bucket_counts:
+                out.append(min(cap, c * inv))
+            for c in iv.decode_bucket_counts:
+                out.append(min(cap, c * inv))
+            out.append(max(-1.0, 1.0 - iv.num_outstanding * inv))
+            mr = iv.min_remaining_tokens
+            out.append(0.0 if mr is None else min(1.0, max(0, mr) * self._inv_horizon))
+            out.append(min(2.0, iv.predicted_footprint_tokens * self._inv_kv))
+            out.append(1.0 if iv.healthy else 0.0)
+        if len(out) != spec.obs_dim:
+            raise ValueError(f"features: got {len(out)} values, expected {spec.obs_dim} (bucket "
+                             "edges of the cluster state and the policy differ?)")
+        return np.asarray(out, dtype=np.float32)
+
+
+def action_mask(queue: Sequence[Request], view: ClusterView, now_s: float,
+                max_defer_s: float | None = None) -> np.ndarray:
+    """Valid actions (bool, length ``m + 1``): route the head to a healthy
+    instance, or defer (action ``m``). With an empty queue only deferring is
+    valid; once the head has waited ``max_defer_s`` deferring is no longer
+    allowed (a guard against a policy that would hold a request forever)."""
+    m = view.num_instances
+    mask = np.zeros(m + 1, dtype=bool)
+    if not queue:
+        mask[m] = True
+        return mask
+    for iv in view.instances:
+        mask[iv.index] = iv.healthy
+    if not mask[:m].any():
+        mask[m] = True
+    else:
+        mask[m] = max_defer_s is None or now_s - queue[0].arrival_s < max_defer_s
+    return mask

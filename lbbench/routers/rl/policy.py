@@ -1,0 +1,173 @@
+"""Routing with a trained Q-network, in numpy only (no torch at run time).
+
+A checkpoint is a directory holding ``policy.npz``: the MLP's weights
+``w0, b0, w1, b1, ...`` (``w`` of shape ``(in, out)``, float32) and ``meta``, a
+JSON string with the variant, profile, instance count, the ``FeatureSpec`` and
+the defer guard it was trained with. ``QPolicy`` evaluates
+``relu(relu(x W0 + b0) W1 + b1) W2 + b2`` and ``RLRouter`` takes the argmax over
+the valid actions for the head of the queue: action ``i < m`` sends it to
+instance ``i``, action ``m`` defers (the dispatcher then tries again at the next
+decision epoch).
+
+Without an explicit checkpoint the router uses the one shipped in
+``lbbench/checkpoints/<variant>/<profile>-<m>x/``; ``CheckpointError`` (a
+``ValueError``) names the profile and instance count when none matches.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lbbench.core import ClusterView, Decision, Request
+from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
+
+POLICY_FILE = "policy.npz"
+SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "checkpoints"
+VARIANTS = ("baseline_rl", "wa_rl", "wgrl")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable or does not fit the run."""
+
+
+class QPolicy:
+    """A ReLU MLP forward pass over float32 numpy arrays."""
+
+    def __init__(self, weights: Sequence[tuple[np.ndarray, np.ndarray]], meta: dict[str, Any]):
+        if not weights:
+            raise CheckpointError("policy has no layers")
+        self.layers = [(np.ascontiguousarray(w, dtype=np.float32),
+                        np.ascontiguousarray(b, dtype=np.float32)) for w, b in weights]
+        for (w0, _), (w1, _) in zip(self.layers, self.layers[1:]):
+            if w0.shape[1] != w1.shape[0]:
+                raise CheckpointError(f"policy layer shapes do not chain: {w0.shape} -> {w1.shape}")
+        self.meta = meta
+        self.obs_dim = self.layers[0][0].shape[0]
+        self.num_actions = self.layers[-1][0].shape[1]
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        h = obs
+        last = len(self.layers) - 1
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w
+            h += b
+            if i < last:
+                np.maximum(h, 0.0, out=h)
+        return h
+
+    # -- files -------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        for i, (w, b) in enumerate(self.layers):
+            arrays[f"w{i}"], arrays[f"b{i}"] = w, b
+        arrays["meta"] = np.array(json.dumps(self.meta, sort_keys=True))
+        path = d / POLICY_FILE
+        with open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "QPolicy":
+        p = Path(path)
+        if p.is_dir():
+            p = p / POLICY_FILE
+        if not p.is_file():
+            raise CheckpointError(f"--checkpoint: no {POLICY_FILE} at {p.parent}")
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                n = sum(1 for k in z.files if k.startswith("w"))
+                weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
+        except (OSError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"--checkpoint: {p} is not a policy file: {exc}") from None
+        return cls(weights, meta)
+
+
+def shipped_checkpoint(variant: str, profile_name: str, num_instances: int) -> Path:
+    """The shipped checkpoint directory for a variant, profile and instance
+    count; ``CheckpointError`` naming what was asked for when there is none."""
+    d = SHIPPED_DIR / variant / f"{profile_name}-{num_instances}x"
+    if (d / POLICY_FILE).is_file():
+        return d
+    have = sorted(p.parent.name for p in (SHIPPED_DIR / variant).glob(f"*/{POLICY_FILE}"))
+    raise CheckpointError(
+        f"--router {variant}: no shipped checkpoint for profile {profile_name!r} with "
+        f"{num_instances} instances (shipped: {', '.join(have) or 'none'}); train one with "
+        f"`lbbench train --router {variant} --profile {profile_name} --instances {num_instances} "
+        "--out DIR` and pass --checkpoint DIR")
+
+
+class RLRouter:
+    """Head-of-queue router driven by a Q-network (one of the three variants)."""
+
+    variant = "wgrl"
+    needs_detail = False
+
+    def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
+                 checkpoint: str | Path | None = None):
+        profile_name = getattr(profile, "name", profile)
+        if checkpoint is None:
+            if profile_name is None:
+                raise CheckpointError(f"--router {self.variant}: needs --profile or --checkpoint")
+            checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances)
+        self.policy = QPolicy.load(checkpoint)
+        meta = self.policy.meta
+        if int(meta.get("num_instances", -1)) != num_instances:
+            raise CheckpointError(
+                f"--checkpoint {checkpoint}: trained for {meta.get('num_instances')} instances, "
+                f"the run has {num_instances}")
+        self.spec = FeatureSpec.from_dict(meta["feature_spec"])
+        self.featurize = Featurizer(self.spec)
+        if self.policy.obs_dim != self.spec.obs_dim or self.policy.num_actions != num_instances + 1:
+            raise CheckpointError(f"--checkpoint {checkpoint}: network shape "
+                                  f"{self.policy.obs_dim}->{self.policy.num_actions} does not fit "
+                                  f"{num_instances} instances")
+        self.max_defer_s = meta.get("max_defer_s")
+        self.num_instances = num_instances
+        self.checkpoint = str(checkpoint)
+        self.seed = seed
+        self.name = self.variant
+
+    def reset(self, seed: int | None = None) -> None:
+        if seed is not None:
+            self.seed = seed
+
+    def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
+        """Greedy valid action for an observation (lowest index on ties)."""
+        q = self.policy.q_values(obs)
+        q = np.where(mask, q, -np.inf)
+        return int(np.argmax(q))
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        if not queue:
+            return None
+        mask = action_mask(queue, view, now_s, self.max_defer_s)
+        a = self.act(self.featurize(queue, view), mask)
+        return None if a == self.num_instances else Decision(0, a)
+
+
+class BaselineRL(RLRouter):
+    """Double-DQN router trained on the queue and completion terms only."""
+
+    variant = "baseline_rl"
+
+
+class WorkloadAwareRL(RLRouter):
+    """Double-DQN router with the mixing penalty as a constant-weight reward term."""
+
+    variant = "wa_rl"
+
+
+class WorkloadGuidedRL(RLRouter):
+    """Double-DQN router with the mixing penalty as annealed guidance (the paper's router)."""
+
+    variant = "wgrl"
+
+
+ROUTER_CLASSES = {c.variant: c for c in (BaselineRL, WorkloadAwareRL, WorkloadGuidedRL)}
