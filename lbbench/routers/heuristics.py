@@ -1,0 +1,172 @@
+"""Heuristic routers: the paper's baselines and common production policies.
+
+All of them route the head of the queue immediately (never defer unless every
+instance is down) and only look at what a client can observe (``ClusterView``)
+plus the request's predicted output length (``Request.expected_output_tokens``,
+the true length when no predictor annotated it). Ties break towards the
+instance after the last one chosen, so equal instances share load in turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..core import ClusterView, Decision, InstanceView, Request
+from ..profiles import Profile
+from .registry import register
+
+#: the paper's "heavy decode": >= 5 s of decoding at the profile's minimum step
+HEAVY_DECODE_S = 5.0
+
+
+class _Base:
+    name = "base"
+
+    def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None, **_: Any):
+        self.num_instances = num_instances
+        self.seed = seed
+        self.profile = profile
+        self._last = -1
+
+    def reset(self, seed: int | None = None) -> None:
+        self._last = -1
+
+    def _argmin(self, view: ClusterView, cost: Callable[[InstanceView], float]) -> int | None:
+        """Healthy instance with the lowest cost; ties go round robin after the last pick."""
+        best, best_cost = None, float("inf")
+        n = len(view.instances)
+        for k in range(1, n + 1):
+            iv = view.instances[(self._last + k) % n]
+            if not iv.healthy:
+                continue
+            c = cost(iv)
+            if c < best_cost:
+                best, best_cost = iv.index, c
+        if best is not None:
+            self._last = best
+        return best
+
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        raise NotImplementedError
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        inst = self.pick(queue[0], view)
+        return None if inst is None else Decision(0, inst)
+
+
+@register("round_robin", "cycles through the instances in order (the paper's baseline)")
+class RoundRobin(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        n = len(view.instances)
+        for k in range(1, n + 1):
+            i = (self._last + k) % n
+            if view.instances[i].healthy:
+                self._last = i
+                return i
+        return None
+
+
+@register("random", "uniformly random instance (seeded)")
+class RandomRouter(_Base):
+    def __init__(self, num_instances: int, seed: int = 0, **kw: Any):
+        super().__init__(num_instances, seed, **kw)
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        self._rng = np.random.default_rng(self.seed if seed is None else seed)
+
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        healthy = view.healthy_indices()
+        return int(healthy[self._rng.integers(len(healthy))]) if healthy else None
+
+
+@register("least_requests", "fewest outstanding requests (common production default)")
+class LeastRequests(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        return self._argmin(view, lambda iv: iv.num_outstanding)
+
+
+@register("power_of_two", "two random instances, the one with fewer outstanding requests")
+class PowerOfTwo(_Base):
+    def __init__(self, num_instances: int, seed: int = 0, **kw: Any):
+        super().__init__(num_instances, seed, **kw)
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        self._rng = np.random.default_rng(self.seed if seed is None else seed)
+
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        healthy = view.healthy_indices()
+        if len(healthy) <= 1:
+            return healthy[0] if healthy else None
+        a, b = self._rng.choice(len(healthy), size=2, replace=False)
+        ia, ib = view.instances[healthy[a]], view.instances[healthy[b]]
+        return ia.index if ia.num_outstanding <= ib.num_outstanding else ib.index
+
+
+@register("jsq", "join the shortest queue: fewest prompt + predicted decode tokens left")
+class JoinShortestQueue(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        return self._argmin(view, lambda iv: iv.work_tokens)
+
+
+@register("decode_balancer", "balances the sum of predicted decode tokens left")
+class DecodeBalancer(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        return self._argmin(view, lambda iv: iv.predicted_tokens_remaining)
+
+
+@register("mcu", "maximum capacity usage: the instance with the most free KV capacity")
+class MaxCapacity(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        # KV tokens a client expects in use: decoding context plus prompts about to be prefilled
+        return self._argmin(view, lambda iv: (iv.context_tokens + iv.prompt_tokens_pending)
+                            / max(1, iv.spec.kv_capacity_tokens))
+
+
+def job_time_s(request: Request, profile: Profile | None) -> float:
+    """Serial service-time estimate: prefill + predicted decode at the minimum step."""
+    if profile is None:
+        return float(request.prompt_tokens * 2e-4 + request.expected_output_tokens * 0.02)
+    return (request.prompt_tokens * profile.prefill_token_s
+            + request.expected_output_tokens * profile.min_step_s)
+
+
+def ready_time_s(iv: InstanceView, profile: Profile | None) -> float:
+    """When an instance is expected to be free: its outstanding prefill plus the
+    decode tokens left, spread over its batch (a client-side estimate)."""
+    a = profile.prefill_token_s if profile else 2e-4
+    step = profile.min_step_s if profile else 0.02
+    parallel = max(1, min(iv.num_outstanding, iv.spec.max_num_seqs))
+    return iv.prompt_tokens_pending * a + max(0, iv.predicted_tokens_remaining) * step / parallel
+
+
+@register("min_min", "Min-Min: shortest queued job (prompt + predicted decode) to the earliest-available instance")
+class MinMin(_Base):
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        if len(queue) == 1:
+            qi = 0
+        else:
+            qi = min(range(len(queue)), key=lambda k: (job_time_s(queue[k], self.profile), k))
+        inst = self._argmin(view, lambda iv: ready_time_s(iv, self.profile))
+        return None if inst is None else Decision(qi, inst)
+
+
+@register("dedicated_small_large", "half the instances serve heavy decodes (>= 5 s), half light ones")
+class DedicatedSmallLarge(_Base):
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        n = len(view.instances)
+        step = self.profile.min_step_s if self.profile else 0.02
+        heavy = request.expected_output_tokens * step >= HEAVY_DECODE_S
+        split = max(1, n // 2)
+        group = range(split, n) if heavy and n > 1 else range(0, split)
+        best, best_n = None, None
+        for i in group:
+            iv = view.instances[i]
+            if iv.healthy and (best_n is None or iv.num_outstanding < best_n):
+                best, best_n = i, iv.num_outstanding
+        if best is None:  # the whole group is down: fall back to any healthy instance
+            return self._argmin(view, lambda iv: iv.num_outstanding)
+        return best

@@ -1,0 +1,62 @@
+"""Router registry: snake_case names → router classes with a one-line description.
+
+Every router class is constructed as ``cls(num_instances=..., seed=..., profile=...,
+**options)``. Learned routers live in ``lbbench.routers.rl`` and register
+themselves when that package is imported; the registry imports it lazily so
+heuristic routing never imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..profiles import Profile
+
+
+class UnknownRouterError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RouterInfo:
+    name: str
+    description: str
+    factory: Callable[..., Any]
+
+
+_REGISTRY: dict[str, RouterInfo] = {}
+_LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl")
+
+
+def register(name: str, description: str) -> Callable[[Any], Any]:
+    def deco(cls: Any) -> Any:
+        _REGISTRY[name] = RouterInfo(name, description, cls)
+        cls.name = name
+        return cls
+    return deco
+
+
+def _load_all() -> None:
+    for mod in _LAZY_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:  # optional router family not present
+            if exc.name != mod:
+                raise
+
+
+def available_routers() -> dict[str, str]:
+    _load_all()
+    return {name: info.description for name, info in sorted(_REGISTRY.items())}
+
+
+def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile | None = None,
+               **options: Any) -> Any:
+    _load_all()
+    info = _REGISTRY.get(name)
+    if info is None:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnknownRouterError(f"--router: unknown router {name!r} (known: {known})")
+    return info.factory(num_instances=num_instances, seed=seed, profile=profile, **options)

@@ -1,0 +1,238 @@
+"""The simulated cluster: N ``SimInstance``s, the shared dispatcher, virtual time.
+
+An event queue keyed by ``(time_s, priority, seq)`` with a per-simulator counter
+(never creation order or global counters). At equal times instance wake-ups
+(completions) come first, then arrivals, then the dispatcher's Δt timer, then
+timeline samples. Decision epochs: every arrival, every completion while the
+router queue is non-empty, and every ``Δt`` (the profile's ``min_step_s``) while
+requests wait after the router deferred.
+
+Two ways to drive it:
+
+- ``run(router)`` — batch: replays every request and returns the records;
+- step-wise (the Gymnasium environment): ``advance(until_s)`` processes events up
+  to a time without routing (arrivals wait in ``queue``), ``dispatch(i, inst)``
+  routes ``queue[i]`` through the same dispatcher code path.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core import (ClusterState, ClusterView, Decision, Dispatched, Event, Failed, Finished,
+                    MetricsSample, Request, RequestRecord)
+from ..dispatch import Dispatcher, Router
+from ..profiles import Profile
+from .instance import SimInstance, SimRequest
+
+_WAKE, _ARRIVAL, _TIMER, _SAMPLE = 0, 1, 2, 3
+
+
+class _Hold:
+    """Placeholder router for step-wise driving: always defers."""
+
+    name = "external"
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        return None
+
+
+class ClusterSim:
+    def __init__(self, profile: Profile, num_instances: int, requests: Sequence[Request], *,
+                 instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
+                 seed: int = 0, run_id: str = "", check_invariants: bool = False,
+                 timeline_interval_s: float | None = None,
+                 prompt_buckets: tuple[int, ...] | None = None,
+                 decode_buckets: tuple[int, ...] | None = None):
+        if num_instances < 1:
+            raise ValueError("--instances must be >= 1")
+        self.profile = profile
+        self.seed = seed
+        self.run_id = run_id
+        self.instances = [SimInstance(profile, i, instance_scheduler, chunked_prefill, check_invariants)
+                          for i in range(num_instances)]
+        for inst in self.instances:
+            inst._on_finish = self._make_finish_hook(inst)
+        kw = {}
+        if prompt_buckets is not None:
+            kw["prompt_buckets"] = prompt_buckets
+        if decode_buckets is not None:
+            kw["decode_buckets"] = decode_buckets
+        self.state = ClusterState([profile.instance_spec()] * num_instances, **kw)
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.router_name = ""
+        self.records: list[RequestRecord] = []
+        self.timeline: list[MetricsSample] = []
+        self.timeline_interval_s = timeline_interval_s
+        self.now_s = 0.0
+        self.num_completed = 0  # finished + failed
+        self.completions_log: list[tuple[float, int]] = []  # (time, request_id) of finishes
+        self._heap: list[tuple[float, int, int, int, object]] = []
+        self._seq = 0
+        self._next_arrival = 0
+        self._wake_version = [0] * num_instances
+        self._dispatch_s: dict[int, float] = {}
+        self._timer_pending = False
+        self._auto = True
+        self._progress: Callable[[int, int], None] | None = None
+        self.dispatcher = Dispatcher(_Hold(), self.state)
+        if timeline_interval_s:
+            self._push(0.0, _SAMPLE, None)
+
+    # ------------------------------------------------------------------ plumbing
+    def _push(self, t: float, kind: int, data: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, kind, self._seq, kind, data))
+
+    def _make_finish_hook(self, inst: SimInstance) -> Callable[[SimRequest], None]:
+        def hook(r: SimRequest) -> None:
+            self._record(inst, r, None)
+        return hook
+
+    def _record(self, inst: SimInstance, r: SimRequest, error: str | None) -> None:
+        req = r.request
+        tbt_mean = tbt_p99 = tbt_max = None
+        if error is None and r.output_tokens > 1:
+            gaps = np.diff(inst.token_times(r))
+            gaps.sort()
+            n = len(gaps)
+            tbt_mean = float(gaps.sum() / n)
+            tbt_max = float(gaps[-1])
+            pos = 0.99 * (n - 1)  # linear interpolation, as numpy's default percentile
+            lo = int(pos)
+            hi = min(lo + 1, n - 1)
+            tbt_p99 = float(gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo))
+        gen = r.generated if error is None else 0
+        self.records.append(RequestRecord(
+            run_id=self.run_id, router=self.router_name, seed=self.seed,
+            request_id=req.request_id, task=req.task, instance=inst.index,
+            arrival_s=req.arrival_s, dispatch_s=self._dispatch_s[req.request_id],
+            first_token_s=r.first_token_s, finish_s=r.finish_s if error is None else None,
+            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens, generated_tokens=gen,
+            predicted_output_tokens=req.predicted_output_tokens, predicted_bucket=req.predicted_bucket,
+            num_preemptions=r.num_preemptions, tbt_mean_s=tbt_mean, tbt_p99_s=tbt_p99,
+            tbt_max_s=tbt_max, error=error))
+        self.num_completed += 1
+        if error is None:
+            self.completions_log.append((r.finish_s, req.request_id))
+        if self._progress is not None:
+            self._progress(self.num_completed, len(self.requests))
+
+    def _observe(self, events: list[Event]) -> int:
+        """Apply instance events to the dispatcher; returns the number of completions."""
+        done = 0
+        obs = self.dispatcher.observe
+        for ev in events:
+            obs(ev)
+            if isinstance(ev, Finished):
+                done += 1
+            elif isinstance(ev, Failed):
+                done += 1
+                inst = self.instances[ev.instance]
+                self._record(inst, inst.rejected.pop(ev.request_id), ev.error)
+        return done
+
+    def _reschedule(self, i: int) -> None:
+        self._wake_version[i] += 1
+        t = self.instances[i].next_event_s()
+        if t is not None:
+            self._push(t, _WAKE, (i, self._wake_version[i]))
+
+    @property
+    def done(self) -> bool:
+        return self.num_completed >= len(self.requests)
+
+    @property
+    def queue(self) -> Sequence[Request]:
+        return self.dispatcher.queue
+
+    def view(self) -> ClusterView:
+        return self.dispatcher.view()
+
+    # ------------------------------------------------------------------ routing
+    def dispatch(self, queue_index: int, instance: int) -> None:
+        """Route ``queue[queue_index]`` to ``instance`` now (step-wise driving)."""
+        q = self.dispatcher._queue
+        req = q.pop(queue_index)
+        self.dispatcher.observe(Dispatched(req, instance, self.now_s))
+        self._send(req, instance)
+
+    def _send(self, req: Request, i: int) -> None:
+        self._dispatch_s[req.request_id] = self.now_s
+        self._observe(self.instances[i].add(req, self.now_s))
+        self._reschedule(i)
+
+    def _epoch(self) -> None:
+        if not self._auto or not self.dispatcher._queue:
+            return
+        for req, i in self.dispatcher.decide(self.now_s):
+            self._send(req, i)
+        if self.dispatcher._queue and not self._timer_pending:
+            self._timer_pending = True
+            self._push(self.now_s + self.profile.min_step_s, _TIMER, None)
+
+    # ------------------------------------------------------------------ event loop
+    def _step_event(self) -> None:
+        reqs = self.requests
+        na = self._next_arrival
+        ta = reqs[na].arrival_s if na < len(reqs) else float("inf")
+        th = self._heap[0][0] if self._heap else float("inf")
+        if ta < th or (ta == th and self._heap[0][1] > _ARRIVAL):
+            self.now_s = max(self.now_s, ta)
+            self._next_arrival += 1
+            self.dispatcher.arrive(reqs[na])
+            self._epoch()
+            return
+        t, kind, _, _, data = heapq.heappop(self._heap)
+        self.now_s = max(self.now_s, t)
+        if kind == _WAKE:
+            i, ver = data  # type: ignore[misc]
+            if ver != self._wake_version[i]:
+                return
+            done = self._observe(self.instances[i].advance(t))
+            self._reschedule(i)
+            if done:
+                self._epoch()
+        elif kind == _TIMER:
+            self._timer_pending = False
+            self._epoch()
+        elif kind == _SAMPLE:
+            for inst in self.instances:
+                self.timeline.append(MetricsSample(inst.index, t, inst.num_running, inst.num_waiting,
+                                                   inst.kv_usage, inst.num_preemptions))
+            if not self.done:
+                self._push(t + self.timeline_interval_s, _SAMPLE, None)  # type: ignore[operator]
+
+    def _has_events(self) -> bool:
+        return self._next_arrival < len(self.requests) or bool(self._heap)
+
+    def advance(self, until_s: float) -> None:
+        """Process every event up to ``until_s`` (step-wise mode: no automatic routing)."""
+        self._auto = False
+        while self._has_events():
+            reqs = self.requests
+            na = self._next_arrival
+            ta = reqs[na].arrival_s if na < len(reqs) else float("inf")
+            th = self._heap[0][0] if self._heap else float("inf")
+            if min(ta, th) > until_s:
+                break
+            self._step_event()
+        self.now_s = max(self.now_s, until_s)
+        self.state.now_s = max(self.state.now_s, self.now_s)
+
+    def run(self, router: Router, progress: Callable[[int, int], None] | None = None
+            ) -> list[RequestRecord]:
+        """Replay every request through ``router``; returns one record per request."""
+        self.router_name = router.name
+        self.dispatcher = Dispatcher(router, self.state)
+        self._auto = True
+        self._progress = progress
+        while not self.done and self._has_events():
+            self._step_event()
+        if not self.done:
+            raise RuntimeError(f"simulation stalled with {len(self.dispatcher.queue)} requests at the "
+                               f"router (router {router.name!r} never dispatched them)")
+        return self.records

@@ -1,0 +1,485 @@
+"""One simulated vLLM V1 engine instance, in virtual time.
+
+What is modelled (vLLM V1 scheduler semantics):
+
+- continuous batching: every engine step first schedules the *running* requests
+  in admission order (a decoding request takes 1 token, a partially prefilled one
+  takes what the token budget allows), then admits *waiting* requests while the
+  per-step token budget (``max_num_batched_tokens``), ``max_num_seqs`` and free KV
+  blocks allow, in the order of the instance scheduler (``fcfs``, ``bin_packing``,
+  ``least_work_left``);
+- paged KV cache: a request holds ``ceil(num_computed_tokens / block_size)`` blocks;
+  when a running request cannot get the block its next token needs, the newest
+  running request is preempted by recompute (its blocks are freed, it goes back to
+  the front of the waiting queue and later re-prefills prompt + generated tokens);
+  no waiting request is admitted in a step that preempted;
+- chunked prefill on (a prompt is split across steps by the budget) or off (a
+  prompt's prefill runs whole in one step, mixed with the running decodes);
+- step time ``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` from
+  the profile, where ``context_tokens`` is the KV read by the decoding sequences.
+
+Speed: a step whose batch is *pure decode* with nothing admissible does not
+change composition until a request finishes, a KV block allocation would fail,
+or something arrives. Such runs of steps are simulated as one *segment* in O(1)
+(plus O(block_size) for the block demand): a decoding request's counts follow
+the instance's step ``clock`` (``generated = g0 + clock - c0``), block demand
+follows a histogram of ``num_computed mod block_size``, step times form an
+arithmetic series, and finishes come from a heap keyed by finish clock.
+
+Per request the instance keeps the clock ranges in which it produced tokens;
+with the log of step end times that gives exact TTFT and every inter-token gap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from ..core import Event, Failed, Finished, FirstToken, Preempted, Request, StepsAdvanced
+from ..profiles import Profile
+
+INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left")
+
+
+class SimRequest:
+    """Engine-side state of one request."""
+
+    __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "arrival_s", "num_computed",
+                 "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
+                 "first_token_s", "finish_s", "version", "expected")
+
+    def __init__(self, request: Request, arrival_s: float):
+        self.request = request
+        self.rid = request.request_id
+        self.prompt_tokens = request.prompt_tokens
+        self.output_tokens = request.output_tokens
+        self.expected = request.expected_output_tokens
+        self.arrival_s = arrival_s  # when it reached this instance
+        self.num_computed = 0  # valid while not decoding
+        self.generated = 0  # valid while not decoding
+        self.blocks = 0  # valid while not decoding
+        self.decoding = False
+        self.c0 = 0
+        self.g0 = 0
+        self.key = 0
+        self.ranges: list[tuple[int, int]] = []  # [first clock, last clock] with a token at each end
+        self.num_preemptions = 0
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.version = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+
+class SimInstance:
+    """A vLLM-like engine driven by ``add`` and ``advance`` in virtual time."""
+
+    def __init__(self, profile: Profile, index: int = 0, scheduler: str = "fcfs",
+                 chunked_prefill: bool | None = None, check_invariants: bool = False):
+        if scheduler not in INSTANCE_SCHEDULERS:
+            raise ValueError(f"--instance-scheduler: unknown {scheduler!r} "
+                             f"(choose from {', '.join(INSTANCE_SCHEDULERS)})")
+        self.profile = profile
+        self.index = index
+        self.scheduler = scheduler
+        self.chunked_prefill = profile.chunked_prefill if chunked_prefill is None else chunked_prefill
+        self.check_invariants = check_invariants
+        p = profile
+        self.bs = p.block_size
+        self.num_blocks = p.num_kv_blocks
+        self.max_num_seqs = p.max_num_seqs
+        self.budget = p.max_num_batched_tokens if self.chunked_prefill else max(
+            p.max_num_batched_tokens, p.max_model_len)
+        self.max_model_len = min(p.max_model_len, self.num_blocks * self.bs)
+        self._base, self._a, self._b, self._c = p.base_s, p.prefill_token_s, p.decode_seq_s, p.context_token_s
+
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.reqs: dict[int, SimRequest] = {}
+        self.rejected: dict[int, SimRequest] = {}  # failed at admission, until collected
+        self.used_blocks = 0
+        self.clock = 0
+        self.num_preemptions = 0
+        # decoding aggregates
+        self.n_dec = 0
+        self.hist = [0] * self.bs  # counts of (num_computed - clock) mod bs
+        self.sum_key = 0  # sum of (num_computed - clock) over decoding requests
+        self.heap: list[tuple[int, int, int]] = []  # (finish clock, rid, version)
+        # step end times, ends[k-1] = end of step k
+        self._ends = np.empty(4096)
+        # the segment in progress
+        self.seg_t0 = 0.0
+        self.seg_k = 0  # planned steps; 0 = idle
+        self.seg_a = 0.0
+        self.seg_b = 0.0
+        self.seg_sched: list[tuple[SimRequest, int]] | None = None  # slow step: (request, tokens)
+        self.now_s = 0.0  # time of the last step boundary
+        self.busy_s = 0.0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.used_blocks / self.num_blocks
+
+    def generated_tokens(self, rid: int) -> int:
+        r = self.reqs[rid]
+        return r.g0 + self.clock - r.c0 if r.decoding else r.generated
+
+    def next_event_s(self) -> float | None:
+        """End of the segment in progress (when state next changes), or None if idle."""
+        if self.seg_k == 0:
+            return None
+        return self.seg_t0 + self._cum(self.seg_k)
+
+    def add(self, request: Request, now_s: float) -> list[Event]:
+        """The request reaches this instance at ``now_s``; returns events that happened up to then."""
+        events = self.advance(now_s)
+        r = SimRequest(request, now_s)
+        if r.prompt_tokens + r.output_tokens > self.max_model_len:
+            self.rejected[r.rid] = r
+            events.append(Failed(r.rid, self.index, now_s,
+                                 f"prompt {r.prompt_tokens} + output {r.output_tokens} tokens exceed "
+                                 f"max_model_len {self.max_model_len}"))
+            return events
+        self.reqs[r.rid] = r
+        self.waiting.append(r)
+        if self.seg_k == 0:
+            self.now_s = max(self.now_s, now_s)
+            self._plan(events)
+        else:
+            # the step in progress at now_s runs with the old batch; re-plan at its end
+            m = self._steps_done_by(now_s - self.seg_t0)
+            self.seg_k = min(self.seg_k, m + 1)
+        return events
+
+    def advance(self, until_s: float) -> list[Event]:
+        """Run every step that ends at or before ``until_s``."""
+        events: list[Event] = []
+        while self.seg_k:
+            end = self.seg_t0 + self._cum(self.seg_k)
+            if end > until_s + 1e-12:
+                break
+            self._finish_segment(end, events)
+            self._plan(events)
+        return events
+
+    def abort(self, rid: int) -> None:
+        """Remove a request (client went away); frees its blocks."""
+        r = self.reqs.pop(rid, None)
+        if r is None:
+            return
+        if r in self.waiting:
+            self.waiting.remove(r)
+        elif r in self.running:
+            self._free(r)
+            self.running.remove(r)
+
+    # ------------------------------------------------------------------ timing helpers
+    def _cum(self, k: int) -> float:
+        return k * self.seg_a + self.seg_b * k * (k - 1) * 0.5
+
+    def _steps_done_by(self, dt: float) -> int:
+        """Largest m with _cum(m) <= dt (steps of the current segment finished by then)."""
+        if dt <= 0:
+            return 0
+        a, b = self.seg_a, self.seg_b
+        if b <= 0:
+            m = int(dt / a)
+        else:
+            # b/2 m^2 + (a - b/2) m - dt = 0
+            h = a - 0.5 * b
+            m = int((-h + math.sqrt(h * h + 2 * b * dt)) / b)
+        while m > 0 and self._cum(m) > dt:
+            m -= 1
+        while self._cum(m + 1) <= dt:
+            m += 1
+        return min(m, self.seg_k)
+
+    def _log_steps(self, t0: float, k: int) -> None:
+        need = self.clock + k
+        if k == 1 and need <= len(self._ends):
+            self._ends[self.clock] = t0 + self.seg_a
+            return
+        if need > len(self._ends):
+            grown = np.empty(max(need, 2 * len(self._ends)))
+            grown[: self.clock] = self._ends[: self.clock]
+            self._ends = grown
+        j = np.arange(1, k + 1, dtype=np.float64)
+        self._ends[self.clock:need] = t0 + j * self.seg_a + self.seg_b * j * (j - 1) * 0.5
+
+    # ------------------------------------------------------------------ decoding bookkeeping
+    def _start_decoding(self, r: SimRequest) -> None:
+        """``r`` just produced a token at the end of step ``self.clock``."""
+        r.decoding = True
+        r.c0 = self.clock
+        r.g0 = r.generated
+        r.key = r.num_computed - self.clock
+        self.n_dec += 1
+        self.hist[r.key % self.bs] += 1
+        self.sum_key += r.key
+        r.version += 1
+        heapq.heappush(self.heap, (self.clock + r.output_tokens - r.generated, r.rid, r.version))
+        r.ranges.append((self.clock, self.clock))
+
+    def _stop_decoding(self, r: SimRequest) -> None:
+        """Freeze the counters of a decoding request (before preemption or finish)."""
+        k = self.clock - r.c0
+        r.generated = r.g0 + k
+        r.num_computed = r.key + self.clock
+        r.blocks = -(-r.num_computed // self.bs)
+        r.decoding = False
+        self.n_dec -= 1
+        self.hist[r.key % self.bs] -= 1
+        self.sum_key -= r.key
+        r.version += 1
+        first, _ = r.ranges[-1]
+        r.ranges[-1] = (first, self.clock)
+
+    def _free(self, r: SimRequest) -> None:
+        if r.decoding:
+            self._stop_decoding(r)
+        self.used_blocks -= r.blocks
+        r.blocks = 0
+
+    def _preempt(self, r: SimRequest, now_s: float, events: list[Event]) -> None:
+        self._free(r)
+        self.running.remove(r)
+        r.num_computed = 0
+        r.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(r)
+        events.append(Preempted(r.rid, self.index, now_s))
+
+    # ------------------------------------------------------------------ scheduling
+    def _pick_waiting(self) -> SimRequest:
+        if self.scheduler == "fcfs" or len(self.waiting) == 1:
+            return self.waiting[0]
+        if self.scheduler == "least_work_left":
+            return min(self.waiting, key=lambda r: r.expected - r.generated)
+        # bin_packing: the largest request that fits in free memory, FCFS among ties
+        free_tokens = (self.num_blocks - self.used_blocks) * self.bs
+        best = None
+        best_size = -1
+        for r in self.waiting:
+            size = r.num_tokens
+            if size <= free_tokens and size > best_size:
+                best, best_size = r, size
+        return best if best is not None else self.waiting[0]
+
+    def _plan(self, events: list[Event]) -> None:
+        """Schedule the next step at ``self.now_s`` and decide how many steps it repeats."""
+        t = self.now_s
+        if not self.running and not self.waiting:
+            self.seg_k = 0
+            return
+        bs = self.bs
+        budget = self.budget
+        sched: list[tuple[SimRequest, int]] = []
+        preempted = False
+        # 1. running requests, in admission order. Budget is reserved for the decoding
+        # requests so that every one of them advances each step (a partially prefilled
+        # request never starves a decode; vLLM reaches the same result by ordering).
+        i = 0
+        all_decode = True
+        dec_left = self.n_dec
+        while i < len(self.running):
+            r = self.running[i]
+            if r.decoding:
+                dec_left -= 1
+                nc = r.key + self.clock
+                need = 1
+                grow = 1 if nc % bs == 0 else 0
+            else:
+                all_decode = False
+                need = min(r.num_tokens - r.num_computed, budget - dec_left)
+                if need <= 0:
+                    i += 1
+                    continue
+                grow = -(-(r.num_computed + need) // bs) - r.blocks
+            while grow > self.num_blocks - self.used_blocks:
+                victim = self.running[-1]
+                preempted = True
+                if victim.decoding and victim is not r:
+                    dec_left -= 1
+                self._preempt(victim, t, events)
+                if victim is r:
+                    break
+            else:
+                self.used_blocks += grow
+                if not r.decoding:
+                    r.blocks += grow
+                sched.append((r, need))
+                budget -= need
+                i += 1
+                continue
+            # r itself was preempted; the list shrank, continue at the same index
+        # 2. waiting requests, unless this step preempted
+        admitted = False
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                r = self._pick_waiting()
+                need = r.num_tokens - r.num_computed
+                if need > budget:
+                    if not self.chunked_prefill:
+                        break
+                    need = budget
+                grow = -(-(r.num_computed + need) // bs) - r.blocks
+                if grow > self.num_blocks - self.used_blocks:
+                    break
+                self.waiting.remove(r)
+                self.running.append(r)
+                self.used_blocks += grow
+                r.blocks += grow
+                sched.append((r, need))
+                budget -= need
+                admitted = True
+        if not sched:
+            # nothing fits (every waiting request needs more than is free and nothing runs)
+            self.seg_k = 0
+            return
+        n = self.n_dec
+        if all_decode and not admitted and not preempted and n == len(sched):
+            # pure decode: repeat until a finish, a failing allocation, or an external event
+            k_finish = self._peek_finish() - self.clock
+            k = max(1, min(k_finish, self._max_alloc_steps()))
+            self.seg_a = (self._base + self._b * n + self._c * (self.sum_key + n * self.clock + n))
+            self.seg_b = self._c * n
+            self.seg_sched = None
+        else:
+            prefill = 0
+            ctx = 0
+            dec = 0
+            for r, need in sched:
+                if r.decoding:
+                    dec += 1
+                    ctx += r.key + self.clock + 1
+                else:
+                    prefill += need
+            self.seg_a = self._base + self._a * prefill + self._b * dec + self._c * ctx
+            self.seg_b = 0.0
+            self.seg_sched = sched
+            k = 1
+        self.seg_t0 = t
+        self.seg_k = k
+        if self.check_invariants:
+            self._assert_invariants(sched)
+
+    def _peek_finish(self) -> int:
+        heap = self.heap
+        while heap:
+            fc, rid, ver = heap[0]
+            r = self.reqs.get(rid)
+            if r is None or r.version != ver or not r.decoding:
+                heapq.heappop(heap)
+                continue
+            return fc
+        return self.clock + 1
+
+    def _max_alloc_steps(self) -> int:
+        """Largest k such that the block demand of steps 2..k (step 1 is already
+        allocated) fits in the free blocks."""
+        free = self.num_blocks - self.used_blocks
+        n = self.n_dec
+        if n == 0:
+            return 1 << 30
+        bs = self.bs
+        hist = self.hist
+        c = self.clock
+        full = free // n  # whole cycles of bs steps
+        k = 1 + full * bs
+        free -= full * n
+        j = 0
+        while True:
+            # demand of step k+1 starts at clock c + k
+            d = hist[(-(c + k)) % bs]
+            if d > free:
+                return k
+            free -= d
+            k += 1
+            j += 1
+            if j > bs:
+                return k
+
+    def _finish_segment(self, end_s: float, events: list[Event]) -> None:
+        k = self.seg_k
+        t0 = self.seg_t0
+        self._log_steps(t0, k)
+        sched = self.seg_sched
+        if sched is None and k > 1:
+            # block demand of steps 2..k of a pure-decode segment
+            bs = self.bs
+            hist = self.hist
+            c = self.clock
+            demand = 0
+            full = (k - 1) // bs
+            if full:
+                demand += full * self.n_dec
+            for j in range(1 + full * bs, k):
+                demand += hist[(-(c + j)) % bs]
+            self.used_blocks += demand
+        self.clock += k
+        self.busy_s += end_s - t0
+        self.now_s = end_s
+        self.seg_k = 0
+        events.append(StepsAdvanced(self.index, end_s, k))
+        if sched is not None:
+            for r, need in sched:
+                if r.decoding or r.rid not in self.reqs:
+                    continue
+                r.num_computed += need
+                if r.num_computed == r.num_tokens:
+                    r.generated += 1
+                    if r.first_token_s is None:
+                        r.first_token_s = end_s
+                    events.append(FirstToken(r.rid, self.index, end_s))
+                    self._start_decoding(r)
+        # finishes
+        heap = self.heap
+        while heap and heap[0][0] <= self.clock:
+            fc, rid, ver = heapq.heappop(heap)
+            r = self.reqs.get(rid)
+            if r is None or r.version != ver or not r.decoding:
+                continue
+            self._free(r)
+            self.running.remove(r)
+            del self.reqs[rid]
+            r.finish_s = end_s
+            events.append(Finished(rid, self.index, end_s, r.generated))
+            self._on_finish(r)
+        if self.check_invariants:
+            assert 0 <= self.used_blocks <= self.num_blocks, self.used_blocks
+            assert len(self.running) <= self.max_num_seqs
+
+    # hook for the cluster to collect finished requests
+    _on_finish: Callable[[SimRequest], None] = staticmethod(lambda r: None)
+
+    def token_times(self, r: SimRequest) -> np.ndarray:
+        """Times of every token of a finished (or frozen) request."""
+        parts = [self._ends[a - 1:b] for a, b in r.ranges]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _assert_invariants(self, sched: list[tuple[SimRequest, int]]) -> None:
+        assert sum(need for _, need in sched) <= self.budget, "token budget exceeded"
+        assert 0 <= self.used_blocks <= self.num_blocks, f"blocks out of range {self.used_blocks}"
+        assert len(self.running) <= self.max_num_seqs, "max_num_seqs exceeded"
+        held = 0
+        for r in self.running:
+            nc = (r.key + self.clock) if r.decoding else r.num_computed
+            blocks = -(-nc // self.bs) if r.decoding else r.blocks
+            held += blocks
+        dec_growth = sum(1 for r, _ in sched if r.decoding and (r.key + self.clock) % self.bs == 0)
+        assert held + dec_growth == self.used_blocks, (held, dec_growth, self.used_blocks)
