@@ -87,3 +87,54 @@ def synthetic_requests(
         order=pl.lit(None, pl.String), rate_per_s=pl.lit(rate_per_s),
         backend=pl.lit("live" if live else "sim"),
     )
+
+
+def synthetic_timeline(requests: pl.DataFrame, step_s: float = 1.0) -> pl.DataFrame:
+    """A ``timeline.parquet`` table derived from request rows: per router, seed, instance and
+    sample time, how many requests run there, a KV usage proxy and preemptions so far."""
+    rows: list[dict] = []
+    for (router, seed), g in requests.partition_by(["router", "seed"], as_dict=True,
+                                                   maintain_order=True).items():
+        end = float(g["finish_s"].max() or g["arrival_s"].max())
+        times = np.arange(0.0, end + step_s, step_s)
+        for inst in sorted(g["instance"].unique().to_list()):
+            h = g.filter(pl.col("instance") == inst)
+            d = h["dispatch_s"].to_numpy()
+            f = h["finish_s"].fill_null(end).to_numpy()
+            ctx = (h["prompt_tokens"] + h["generated_tokens"]).to_numpy()
+            pre = h["num_preemptions"].fill_null(0).to_numpy()
+            for t in times:
+                on = (d <= t) & (f > t)
+                rows.append({"router": router, "seed": seed, "time_s": float(t), "instance": inst,
+                             "num_running": int(on.sum()), "num_waiting": 0,
+                             "kv_usage": float(min(1.0, ctx[on].sum() / 50_000)),
+                             "num_preemptions": int(pre[f <= t].sum())})
+    return pl.DataFrame(rows)
+
+
+def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None,
+              complete: bool = True, extra: dict | None = None):
+    """Write a run directory (``requests.parquet``, ``summary.parquet``, ``run.toml`` and
+    optionally ``timeline.parquet``) the way ``lbbench run`` lays it out."""
+    from pathlib import Path
+
+    from .summary import summarize
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    requests.write_parquet(out / "requests.parquet")
+    summarize(requests).write_parquet(out / "summary.parquet")
+    if timeline is not None:
+        timeline.write_parquet(out / "timeline.parquet")
+    first = requests.row(0, named=True)
+    lines = ["# synthetic run (reports test data, not a simulation)",
+             f"complete = {'true' if complete else 'false'}",
+             f"routers = [{', '.join(repr(r) for r in requests['router'].unique(maintain_order=True))}]"
+             .replace("'", '"'),
+             f"seeds = {sorted(requests['seed'].unique().to_list())}",
+             f'profile = "{first.get("profile", "")}"',
+             f'backend = "{first.get("backend", "sim")}"']
+    for k, v in (extra or {}).items():
+        lines.append(f"{k} = {v!r}".replace("'", '"'))
+    (out / "run.toml").write_text("\n".join(lines) + "\n")
+    return out

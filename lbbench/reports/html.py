@@ -1,0 +1,63 @@
+"""A self-contained HTML report: tables plus plots embedded as base64 PNGs, no external files."""
+
+from __future__ import annotations
+
+import base64
+import html as _html
+from typing import TYPE_CHECKING
+
+from . import plots
+from .render import html_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table.report { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+table.report th { background: #2f4f6f; color: #fff; padding: 4px 10px; text-align: left; }
+table.report td { border-bottom: 1px solid #ccc; padding: 3px 10px; }
+table.report td.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.report tbody tr:nth-child(even) { background: #f2f5f8; }
+p.note { color: #555; font-size: 0.85em; max-width: 60em; }
+ul.runs { font-size: 0.9em; } figure { margin: 1em 0; } figcaption { color: #555; font-size: 0.85em; }
+img.plot { max-width: 100%; border: 1px solid #ddd; }
+"""
+
+
+def _img(png: bytes, caption: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    cap = _html.escape(caption)
+    return (f'<figure><img class="plot" alt="{cap}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{cap}</figcaption></figure>")
+
+
+def to_html(report: "Report", with_plots: bool = True) -> str:
+    """The whole report as one HTML document."""
+    want_plots = with_plots
+    e = _html.escape
+    body = ["<h1>lbbench report</h1>", '<ul class="runs">']
+    body += [f"<li>{e(line[2:])}</li>" for line in report.preamble().splitlines()]
+    body.append("</ul>")
+    main = report.table("main")
+    for t in report.tables:
+        body.append(html_table(t))
+        if t.name == "main" and want_plots and main is not None and main.df.height > 1:
+            body.append(_img(plots.improvement_bars(main.df, report.keys, report.baseline),
+                             "Improvement over the baseline with 95% bootstrap intervals"))
+    if want_plots:
+        lf, keys = report.runs.requests, report.keys
+        body.append("<h2>Latency distributions</h2>")
+        body.append(_img(plots.cdf(lf, keys, "e2e_s"), "CDF of end-to-end latency"))
+        body.append(_img(plots.cdf(lf, keys, "ttft_s"), "CDF of time to first token"))
+        body.append(_img(plots.latency_over_time(lf, keys), "Mean E2E latency over arrival time"))
+        tl = report.runs.timeline()
+        if tl is not None:
+            png = plots.instance_timeline(tl)
+            if png is not None:
+                body.append("<h2>Per-instance load</h2>")
+                body.append(_img(png, "Running requests and KV cache usage per instance"))
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<title>lbbench report</title>"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

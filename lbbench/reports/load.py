@@ -1,0 +1,162 @@
+"""Reading run directories for reports: lazy scans over many ``requests.parquet`` files.
+
+A run directory (written by ``lbbench run``) holds ``requests.parquet``, ``run.toml`` and,
+optionally, ``timeline.parquet``. ``load_runs`` accepts run directories, directories that
+contain run directories (one ``requests.parquet`` per sub-directory, any depth), or
+``requests.parquet`` files, and returns one lazy frame over all of them with a ``run``
+column naming where each row came from.
+
+Which settings a report groups by is decided from the data: the router, plus every
+run-level setting (``SETTING_COLUMNS``) that takes more than one value across the loaded
+runs, plus ``run`` itself when two runs would otherwise mix rows of the same seed.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import polars as pl
+
+#: Run-level columns of ``requests.parquet`` that describe the configuration.
+SETTING_COLUMNS: tuple[str, ...] = ("profile", "workload", "num_instances", "instance_scheduler",
+                                    "chunked_prefill", "order", "rate_per_s", "backend")
+
+REQUESTS_FILE = "requests.parquet"
+TIMELINE_FILE = "timeline.parquet"
+RUN_TOML = "run.toml"
+
+
+class RunDirError(ValueError):
+    """A path given as a run cannot be read; the message names the path."""
+
+
+@dataclass
+class RunInfo:
+    """One run directory: where it is, its label and its ``run.toml`` (may be empty)."""
+
+    label: str
+    path: Path
+    requests_path: Path
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.config.get("complete", True))
+
+    @property
+    def timeline_path(self) -> Path | None:
+        p = self.path / TIMELINE_FILE
+        return p if p.is_file() else None
+
+
+@dataclass
+class Runs:
+    """Loaded runs: the lazy request rows (with ``run``) and per-run information."""
+
+    infos: list[RunInfo]
+    requests: pl.LazyFrame
+
+    def group_keys(self) -> list[str]:
+        """``router`` plus the settings that differ between rows (see module docstring)."""
+        return group_keys(self.requests)
+
+    def timeline(self) -> pl.LazyFrame | None:
+        """The runs' ``timeline.parquet`` rows (with ``run``), or None when no run has one."""
+        frames = [pl.scan_parquet(i.timeline_path).with_columns(run=pl.lit(i.label))
+                  for i in self.infos if i.timeline_path is not None]
+        if not frames:
+            return None
+        return pl.concat(frames, how="diagonal_relaxed")
+
+
+def _find(path: Path) -> list[Path]:
+    if path.is_file():
+        if path.suffix != ".parquet":
+            raise RunDirError(f"{path}: not a run directory or a {REQUESTS_FILE} file")
+        return [path]
+    if not path.exists():
+        raise RunDirError(f"{path}: no such run directory")
+    direct = path / REQUESTS_FILE
+    if direct.is_file():
+        return [direct]
+    found = sorted(path.rglob(REQUESTS_FILE))
+    if not found:
+        raise RunDirError(f"{path}: no {REQUESTS_FILE} here or below (is it a run directory?)")
+    return found
+
+
+def _labels(dirs: list[Path]) -> list[str]:
+    """Shortest distinct labels: the directory name, or more of the path when names clash."""
+    parts = [d.resolve().parts for d in dirs]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        labels = ["/".join(p[-depth:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(d) for d in dirs]
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    p = path / RUN_TOML
+    if not p.is_file():
+        return {}
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise RunDirError(f"{p}: not valid TOML: {exc}") from None
+
+
+def load_runs(paths: Sequence[str | Path]) -> Runs:
+    """Lazy scan of every run under ``paths`` (see module docstring)."""
+    if not paths:
+        raise RunDirError("no run directories given")
+    files: list[Path] = []
+    for p in paths:
+        for f in _find(Path(p)):
+            if f.resolve() not in {x.resolve() for x in files}:
+                files.append(f)
+    dirs = [f.parent for f in files]
+    infos = [RunInfo(label, d, f, _read_toml(d)) for label, d, f in zip(_labels(dirs), dirs, files)]
+    frames = []
+    for info in infos:
+        try:
+            schema = pl.read_parquet_schema(info.requests_path)
+        except Exception as exc:  # polars raises several error types for bad files
+            raise RunDirError(f"{info.requests_path}: not a readable parquet file ({exc})") from None
+        missing = [c for c in ("router", "seed", "arrival_s", "finish_s") if c not in schema]
+        if missing:
+            raise RunDirError(f"{info.requests_path}: missing column(s) {', '.join(missing)}")
+        frames.append(pl.scan_parquet(info.requests_path).with_columns(run=pl.lit(info.label)))
+    return Runs(infos, pl.concat(frames, how="diagonal_relaxed"))
+
+
+def varying_settings(lf: pl.LazyFrame, candidates: Sequence[str] = SETTING_COLUMNS) -> list[str]:
+    """Setting columns present in ``lf`` that take more than one value (nulls count)."""
+    present = [c for c in candidates if c in lf.collect_schema()]
+    if not present:
+        return []
+    counts = lf.select([pl.col(c).n_unique() for c in present]).collect().row(0)
+    return [c for c, n in zip(present, counts) if n > 1]
+
+
+def group_keys(lf: pl.LazyFrame) -> list[str]:
+    keys = ["router", *varying_settings(lf)]
+    if "run" in lf.collect_schema():
+        clash = (lf.group_by([*keys, "seed"]).agg(pl.col("run").n_unique().alias("n"))
+                 .select((pl.col("n") > 1).any()).collect().item())
+        if clash:
+            keys.append("run")
+    return keys
+
+
+def settings_of(lf: pl.LazyFrame, candidates: Sequence[str] = SETTING_COLUMNS) -> dict[str, list]:
+    """Distinct values of each setting column present (sorted, nulls last)."""
+    out: dict[str, list] = {}
+    schema = lf.collect_schema()
+    for c in candidates:
+        if c in schema:
+            vals = lf.select(pl.col(c).unique()).collect().to_series().to_list()
+            out[c] = sorted(vals, key=lambda v: (v is None, str(v)))
+    return out

@@ -1,0 +1,148 @@
+"""Report plots as PNG bytes (matplotlib, Agg canvas; no pyplot global state).
+
+matplotlib because it is the long-maintained default of the scientific Python stack,
+renders headless to PNG with no browser or server, and is already an optional extra.
+
+- ``cdf``: empirical CDF of a latency (E2E, TTFT) per router, all seeds pooled;
+- ``latency_over_time``: mean latency per arrival-time bin, per router;
+- ``instance_timeline``: per-instance running requests and KV usage over time, one column
+  per router (first seed), from a ``timeline.parquet``;
+- ``improvement_bars``: improvement over the baseline per router with its 95% interval.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .summary import completed_expr, derive
+
+_LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
+           "router_wait_s": "router wait"}
+_MAX_POINTS = 2000
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def group_label(row: dict, keys: Sequence[str]) -> str:
+    extra = [f"{k}={row[k]}" for k in keys if k != "router"]
+    return str(row["router"]) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _groups(df: pl.DataFrame, keys: Sequence[str]):
+    for gkey, g in df.partition_by(list(keys), as_dict=True, maintain_order=True).items():
+        yield group_label(dict(zip(keys, gkey)), keys), g
+
+
+def cdf(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_s") -> bytes:
+    """Empirical CDF of ``metric`` (seconds) per group, completed requests of all seeds."""
+    df = derive(lf).filter(completed_expr()).select([*keys, metric]).collect()
+    fig = Figure(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
+    for label, g in _groups(df, keys):
+        v = np.sort(g[metric].drop_nulls().to_numpy())
+        if len(v) == 0:
+            continue
+        p = np.arange(1, len(v) + 1) / len(v)
+        if len(v) > _MAX_POINTS:
+            pick = np.linspace(0, len(v) - 1, _MAX_POINTS).astype(int)
+            v, p = v[pick], p[pick]
+        ax.plot(v, p, label=label, drawstyle="steps-post")
+    name = _LABELS.get(metric, metric)
+    ax.set_title(f"CDF of {name} per router")
+    ax.set_xlabel(f"{name} (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1.01)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def latency_over_time(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_s",
+                      num_bins: int = 40) -> bytes:
+    """Mean ``metric`` per arrival-time bin (all seeds pooled), one line per group."""
+    df = derive(lf).filter(completed_expr()).select([*keys, "arrival_s", metric]).collect()
+    fig = Figure(figsize=(7.5, 4.5))
+    ax = fig.add_subplot()
+    if df.height:
+        lo, hi = df["arrival_s"].min(), df["arrival_s"].max()
+        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, num_bins + 1)
+        mids = (edges[:-1] + edges[1:]) / 2
+        for label, g in _groups(df, keys):
+            idx = np.clip(np.searchsorted(edges, g["arrival_s"].to_numpy(), side="right") - 1,
+                          0, num_bins - 1)
+            vals = g[metric].to_numpy()
+            sums = np.bincount(idx, weights=vals, minlength=num_bins)
+            counts = np.bincount(idx, minlength=num_bins)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+            ax.plot(mids, mean, marker=".", label=label)
+    name = _LABELS.get(metric, metric)
+    ax.set_title(f"Mean {name} over arrival time")
+    ax.set_xlabel("arrival time (s)")
+    ax.set_ylabel(f"mean {name} (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+def instance_timeline(timeline: pl.LazyFrame, max_routers: int = 8) -> bytes | None:
+    """Running requests and KV usage per instance over time; first seed of each router."""
+    df = timeline.collect()
+    need = {"router", "seed", "time_s", "instance", "num_running", "kv_usage"}
+    if df.height == 0 or not need <= set(df.columns):
+        return None
+    routers = df["router"].unique(maintain_order=True).to_list()[:max_routers]
+    fig = Figure(figsize=(3.6 * len(routers) + 1, 6.0))
+    axes = fig.subplots(2, len(routers), squeeze=False, sharex="col", sharey="row")
+    for j, router in enumerate(routers):
+        part = df.filter(pl.col("router") == router)
+        seed = part["seed"].min()
+        part = part.filter(pl.col("seed") == seed).sort("time_s")
+        for inst, g in part.partition_by("instance", as_dict=True, maintain_order=True).items():
+            t = g["time_s"].to_numpy()
+            axes[0][j].step(t, g["num_running"].to_numpy(), where="post", label=f"instance {inst[0]}")
+            axes[1][j].step(t, 100.0 * g["kv_usage"].to_numpy(), where="post",
+                            label=f"instance {inst[0]}")
+        axes[0][j].set_title(f"{router} (seed {seed})")
+        axes[1][j].set_xlabel("time (s)")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("running requests")
+    axes[1][0].set_ylabel("KV cache usage (%)")
+    axes[0][-1].legend(fontsize="small", loc="upper right")
+    fig.suptitle("Per-instance load over time")
+    return _png(fig)
+
+
+def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "round_robin") -> bytes:
+    """Improvement over the baseline (%) per group, with 95% interval whiskers."""
+    df = main.filter(pl.col("router") != baseline)
+    fig = Figure(figsize=(max(5.0, 0.9 * df.height + 2), 4.5))
+    ax = fig.add_subplot()
+    labels = [group_label(r, keys) for r in df.iter_rows(named=True)]
+    vals = df["improvement_pct"].fill_null(np.nan).to_numpy()
+    lo = df["ci_low_pct"].fill_null(np.nan).to_numpy()
+    hi = df["ci_high_pct"].fill_null(np.nan).to_numpy()
+    err = np.vstack([np.nan_to_num(vals - lo), np.nan_to_num(hi - vals)])
+    colors = ["tab:green" if v >= 0 else "tab:red" for v in np.nan_to_num(vals)]
+    x = np.arange(len(labels))
+    ax.bar(x, np.nan_to_num(vals), yerr=err, capsize=4, color=colors,
+           label="mean improvement (95% CI)")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(x, labels, rotation=30, ha="right", fontsize="small")
+    ax.set_ylabel(f"improvement over {baseline} (%)")
+    ax.set_title(f"Mean E2E improvement over {baseline} (positive = faster)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return _png(fig)

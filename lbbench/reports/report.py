@@ -1,0 +1,96 @@
+"""One report over many run directories: load, group, build tables, render.
+
+``build_report`` decides the grouping from the data (``load.group_keys``) and builds every
+table that applies; ``Report.render(fmt)`` turns it into a rich console table, Markdown,
+JSON or a self-contained HTML page (``html.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import polars as pl
+
+from .load import Runs, load_runs, settings_of
+from .tables import Slo, Table, build_tables
+
+FORMATS = ("table", "markdown", "json", "html")
+
+
+@dataclass
+class Report:
+    runs: Runs
+    keys: list[str]
+    tables: list[Table]
+    baseline: str = "round_robin"
+    warnings: list[str] = field(default_factory=list)
+
+    def table(self, name: str) -> Table | None:
+        return next((t for t in self.tables if t.name == name), None)
+
+    def run_rows(self) -> list[dict[str, Any]]:
+        """One dict per run: label, settings, routers, seeds, completeness."""
+        out = []
+        for info in self.runs.infos:
+            lf = self.runs.requests.filter(pl.col("run") == info.label)
+            s = settings_of(lf)
+            meta = lf.select(pl.col("router").unique(maintain_order=True).implode(),
+                             pl.col("seed").unique().sort().implode(), pl.len()).collect().row(0)
+            out.append({"run": info.label, "complete": info.complete,
+                        **{k: (v[0] if len(v) == 1 else v) for k, v in s.items()},
+                        "routers": meta[0], "seeds": meta[1], "requests": meta[2]})
+        return out
+
+    def preamble(self) -> str:
+        lines = []
+        for r in self.run_rows():
+            parts = [f"{k}={r[k]}" for k in ("backend", "profile", "workload", "num_instances",
+                                              "rate_per_s") if k in r]
+            seeds = r["seeds"]
+            seed_txt = f"seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+            flag = "" if r["complete"] else " [INCOMPLETE]"
+            lines.append(f"- run {r['run']}{flag}: {', '.join(parts)}; routers "
+                         f"{', '.join(map(str, r['routers']))}; {seed_txt}; {r['requests']} requests")
+        lines.append(f"- grouped by: {', '.join(self.keys)}")
+        lines += [f"- warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def render(self, fmt: str, plots: bool = True) -> str:
+        from . import render as R
+
+        if fmt == "markdown":
+            return R.to_markdown(self.tables, "lbbench report", self.preamble())
+        if fmt == "json":
+            return R.to_json(self.tables, {"group_keys": self.keys, "baseline": self.baseline,
+                                           "runs": self.run_rows(), "warnings": self.warnings})
+        if fmt == "html":
+            from .html import to_html
+
+            return to_html(self, with_plots=plots)
+        if fmt == "table":
+            import io
+
+            from rich.console import Console
+
+            buf = io.StringIO()
+            R.to_rich(self.tables, Console(file=buf, width=200, force_terminal=False),
+                      self.preamble())
+            return buf.getvalue()
+        raise ValueError(f"--format: unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+
+
+def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo: Slo | None = None,
+                 num_resamples: int = 1000) -> Report:
+    runs = load_runs(paths)
+    keys = runs.group_keys()
+    warnings = [f"run {i.label} is incomplete (interrupted); its finished requests are included"
+                for i in runs.infos if not i.complete]
+    if "run" in keys:
+        warnings.append("several runs repeat the same settings and seeds; grouping by run")
+    routers = runs.requests.select(pl.col("router").unique()).collect().to_series().to_list()
+    if baseline not in routers:
+        warnings.append(f"baseline router {baseline!r} is not in these runs; improvements are empty")
+    tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
+    return Report(runs, keys, tables, baseline, warnings)

@@ -1,0 +1,210 @@
+"""The report's tables, as numeric Polars frames (rendering lives in ``render.py``).
+
+Every builder takes the derived, loaded request rows and the group keys (``router`` plus
+the settings that differ between runs) and returns a ``Table``:
+
+- ``main``: the paper's main table — mean E2E (± std over seeds), the difference from
+  round robin in seconds and percent with a paired bootstrap 95% interval, mean router
+  wait. When runs differ in chunked prefill, ``chunked_prefill`` is a key column (the
+  paper's A100 form).
+- ``latency``: TTFT, TBT (mean, p99, max), E2E percentiles, throughput, preemptions.
+- ``balance``: per-instance share of requests and tokens (prompt + generated).
+- ``live``: dispatch lag, achieved vs requested rate, failures (live runs only).
+- ``goodput``: share of requests meeting ``--slo`` limits (only when given).
+- ``hardware``: runs that differ in profile side by side, one column group per profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from .stats import MEAN, bootstrap_change, side_from_rows
+from .summary import completed_expr, derive, improvement_pct_col, improvement_s_col, summarize
+
+
+@dataclass
+class Table:
+    """A titled numeric table; ``name`` is its key in JSON output."""
+
+    name: str
+    title: str
+    df: pl.DataFrame
+    note: str = ""
+    keys: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits (seconds) for goodput; None means no limit on that metric.
+
+    ``tbt_s`` applies to each request's mean time between tokens.
+    """
+
+    ttft_s: float | None = None
+    tbt_s: float | None = None
+    e2e_s: float | None = None
+
+    def describe(self) -> str:
+        parts = [f"{n} <= {v:g} s" for n, v in (("TTFT", self.ttft_s), ("TBT", self.tbt_s),
+                                                ("E2E", self.e2e_s)) if v is not None]
+        return ", ".join(parts) or "no limits"
+
+
+def improvement_cis(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin",
+                    num_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> pl.DataFrame:
+    """Paired bootstrap interval of each group's mean-E2E improvement over the baseline.
+
+    Improvement is ``-change``: positive means faster than the baseline. Groups without a
+    baseline for their other keys get nulls.
+    """
+    rows = (derive(lf).filter(completed_expr())
+            .select([*keys, "seed", "request_id", "e2e_s"]).collect())
+    out = []
+    groups = rows.partition_by(keys, as_dict=True, maintain_order=True)
+    for gkey, g in groups.items():
+        kv = dict(zip(keys, gkey))
+        lo = hi = None
+        if kv["router"] != baseline:
+            bkey = tuple(baseline if k == "router" else kv[k] for k in keys)
+            base = groups.get(bkey)
+            if base is not None and base.height and g.height:
+                try:
+                    ch = bootstrap_change(_side(base), _side(g), MEAN, num_resamples, level, seed)
+                    lo, hi = -ch.ci_high_pct, -ch.ci_low_pct
+                except ValueError:
+                    pass
+        else:
+            lo = hi = 0.0
+        out.append({**kv, "ci_low_pct": lo, "ci_high_pct": hi})
+    schema = {k: rows.schema[k] for k in keys} | {"ci_low_pct": pl.Float64, "ci_high_pct": pl.Float64}
+    return pl.DataFrame(out, schema=schema)
+
+
+def _side(g: pl.DataFrame):
+    return side_from_rows(g["seed"].to_numpy(), g["request_id"].to_numpy(), g["e2e_s"].to_numpy())
+
+
+def main_table(lf: pl.LazyFrame, summary: pl.DataFrame, keys: list[str], baseline: str = "round_robin",
+               num_resamples: int = 1000) -> Table:
+    imp_pct, imp_s = improvement_pct_col(baseline), improvement_s_col(baseline)
+    cis = improvement_cis(lf, keys, baseline, num_resamples)
+    df = (summary.join(cis, on=keys, how="left", nulls_equal=True, maintain_order="left")
+          .select([*keys, "seeds", "mean_e2e_s", "mean_e2e_std_s",
+                   pl.col(imp_s).alias("diff_vs_baseline_s"),
+                   pl.col(imp_pct).alias("improvement_pct"), "ci_low_pct", "ci_high_pct",
+                   "mean_router_wait_s"]))
+    form = " (A100 form: by chunked prefill)" if "chunked_prefill" in keys else ""
+    note = (f"Difference = {baseline} mean - router mean (positive: faster than {baseline}); "
+            f"% paired by seed; 95% CI: paired bootstrap over seeds and requests "
+            f"({num_resamples} resamples). ± is the std over seeds of the per-seed mean.")
+    return Table("main", f"Mean end-to-end latency by router{form}", df, note, keys)
+
+
+def latency_table(summary: pl.DataFrame, keys: list[str]) -> Table:
+    cols = ["mean_ttft_s", "p99_ttft_s", "mean_tbt_s", "p99_tbt_s", "max_tbt_s", "p50_e2e_s",
+            "p90_e2e_s", "p99_e2e_s", "throughput_tokens_per_s", "preemptions", "completed",
+            "failed"]
+    note = ("Per-seed statistics averaged over seeds. TBT: mean of per-request mean gaps; "
+            "p99 over requests of per-request p99 gaps; max over all. Preemptions: per seed.")
+    return Table("latency", "Latency detail", summary.select([*keys, *cols]), note, keys)
+
+
+def balance_table(lf: pl.LazyFrame, keys: list[str]) -> Table:
+    """Per instance: share of requests and of tokens (prompt + generated), over all seeds."""
+    tokens = pl.col("prompt_tokens").fill_null(0) + pl.col("generated_tokens").fill_null(0)
+    per = (lf.group_by([*keys, "instance"])
+           .agg(requests=pl.len().cast(pl.Int64), tokens=tokens.sum().cast(pl.Int64))
+           .with_columns(
+               requests_share_pct=100.0 * pl.col("requests") / pl.col("requests").sum().over(keys),
+               tokens_share_pct=100.0 * pl.col("tokens") / pl.col("tokens").sum().over(keys))
+           .collect())
+    order = lf.select(keys).unique(maintain_order=True).collect().with_row_index("_g")
+    df = (per.join(order, on=keys, how="left", nulls_equal=True)
+          .sort(["_g", "instance"]).drop("_g"))
+    note = ("Share of all requests and of all tokens (prompt + generated) sent to each instance; "
+            "with N instances a perfect balance is 100/N %.")
+    return Table("balance", "Per-instance share of requests and tokens", df, note, keys)
+
+
+def imbalance(balance: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Largest instance share over the fair share (1.0 = perfectly even), per group."""
+    return (balance.group_by(keys, maintain_order=True)
+            .agg(instances=pl.len(),
+                 tokens_imbalance=pl.col("tokens_share_pct").max() * pl.len() / 100.0,
+                 requests_imbalance=pl.col("requests_share_pct").max() * pl.len() / 100.0))
+
+
+def live_table(summary: pl.DataFrame, keys: list[str]) -> Table | None:
+    live = summary.filter(pl.col("achieved_rate_per_s").is_not_null()
+                          | pl.col("dispatch_lag_p50_s").is_not_null())
+    if live.height == 0:
+        return None
+    df = live.select([*keys, "dispatch_lag_p50_s", "dispatch_lag_p99_s", "requested_rate_per_s",
+                      "achieved_rate_per_s", "completed", "failed"])
+    note = "Dispatch lag = actual - planned send time; rates per second of the send/arrival span."
+    return Table("live", "Live run: dispatch lag, rate and failures", df, note, keys)
+
+
+def goodput_table(lf: pl.LazyFrame, keys: list[str], slo: Slo) -> Table:
+    """Per seed: share of *all* requests that completed within every limit; mean over seeds."""
+    d = derive(lf)
+    ok = completed_expr()
+    for col, lim in (("ttft_s", slo.ttft_s), ("tbt_mean_s", slo.tbt_s), ("e2e_s", slo.e2e_s)):
+        if lim is not None:
+            ok = ok & (pl.col(col).fill_null(float("inf")) <= lim)
+    span = pl.col("finish_s").max() - pl.col("arrival_s").min()
+    df = (d.group_by([*keys, "seed"], maintain_order=True)
+          .agg(goodput_pct=100.0 * ok.mean(), met=ok.sum(),
+               goodput_requests_per_s=pl.when(span > 0).then(ok.sum() / span))
+          .group_by(keys, maintain_order=True)
+          .agg(goodput_pct=pl.col("goodput_pct").mean(),
+               goodput_requests_per_s=pl.col("goodput_requests_per_s").mean(),
+               met_slo=pl.col("met").sum().cast(pl.Int64))
+          .collect())
+    note = (f"SLO: {slo.describe()} (TBT is each request's mean gap). Failed requests count as "
+            "misses; per-seed shares averaged over seeds.")
+    return Table("goodput", "Goodput under SLOs", df, note, keys)
+
+
+HARDWARE_METRICS = ("mean_e2e_s", "improvement_vs_baseline_pct", "p99_e2e_s", "mean_ttft_s",
+                    "throughput_tokens_per_s")
+
+
+def hardware_table(summary: pl.DataFrame, keys: list[str], baseline: str = "round_robin",
+                   split: str = "profile") -> Table | None:
+    """Routers (and the other keys) as rows, one column group per value of ``split``."""
+    if split not in keys:
+        return None
+    rows = [k for k in keys if k != split]
+    s = summary.rename({improvement_pct_col(baseline): "improvement_vs_baseline_pct"})
+    values = s[split].unique(maintain_order=True).to_list()
+    out = s.select(rows).unique(maintain_order=True)
+    for v in values:
+        part = (s.filter(pl.col(split).eq_missing(v))
+                .select([*rows, *[pl.col(m).alias(f"{v} | {m}") for m in HARDWARE_METRICS]]))
+        out = out.join(part, on=rows, how="left", nulls_equal=True, maintain_order="left")
+    note = (f"One column group per {split}; improvement is over {baseline} on the same {split}.")
+    return Table("hardware", f"Side by side by {split}", out, note, rows)
+
+
+def build_tables(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin",
+                 slo: Slo | None = None, num_resamples: int = 1000) -> list[Table]:
+    """Every table that applies to these runs, in report order."""
+    summary = summarize(lf, by=keys, baseline=baseline)
+    tables = [main_table(lf, summary, keys, baseline, num_resamples)]
+    hw = hardware_table(summary, keys, baseline)
+    if hw is not None:
+        tables.append(hw)
+    tables.append(latency_table(summary, keys))
+    bal = balance_table(lf, keys)
+    tables.append(Table("imbalance", "Instance imbalance", imbalance(bal.df, keys),
+                        "Largest instance share divided by the fair share (1.00 = even).", keys))
+    tables.append(bal)
+    live = live_table(summary, keys)
+    if live is not None:
+        tables.append(live)
+    if slo is not None:
+        tables.append(goodput_table(lf, keys, slo))
+    return tables
