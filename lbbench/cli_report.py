@@ -1,0 +1,130 @@
+"""``lbbench report`` and ``lbbench compare``: the click commands over run directories.
+
+Thin: parse flags, call ``lbbench.reports``, print or write. The main CLI adds both
+commands (``cli.add_command(report)``, ``cli.add_command(compare)``). Bad input is one
+line naming the flag or path and exit code 2; ``compare`` exits 1 on a regression.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
+                              parse_threshold)
+from .reports.load import RunDirError
+from .reports.report import FORMATS, build_report
+from .reports.summary import SummaryError
+from .reports.tables import Slo
+
+
+class InputError(click.ClickException):
+    """A run directory or file cannot be used: one line, exit code 2."""
+
+    exit_code = 2
+
+
+def parse_slo(text: str | None) -> Slo | None:
+    """``ttft=0.5,tbt=0.1,e2e=30`` (seconds) -> Slo; raises BadParameter naming --slo."""
+    if text is None:
+        return None
+    limits: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, val = part.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in ("ttft", "tbt", "e2e"):
+            raise click.BadParameter(f"{part.strip()!r}: expected ttft=S, tbt=S or e2e=S "
+                                     "(seconds), comma-separated", param_hint="'--slo'")
+        try:
+            v = float(val)
+        except ValueError:
+            raise click.BadParameter(f"{name}={val!r} is not a number of seconds",
+                                     param_hint="'--slo'") from None
+        if not v > 0:
+            raise click.BadParameter(f"{name} must be > 0 seconds", param_hint="'--slo'")
+        limits[f"{name}_s"] = v
+    return Slo(**limits)
+
+
+def _slo_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Slo | None:
+    return parse_slo(value)
+
+
+@click.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR...")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
+              help="Console table, Markdown, JSON, or a self-contained HTML file.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write here instead of stdout (HTML default: RUN_DIR/report.html).")
+@click.option("--slo", callback=_slo_callback, metavar="ttft=S,tbt=S,e2e=S",
+              help="Add a goodput table: share of requests within these limits (seconds).")
+@click.option("--baseline", default="round_robin", show_default=True,
+              help="Router that improvements are measured against.")
+@click.option("--bootstrap", "num_resamples", type=click.IntRange(100, 100_000), default=1000,
+              show_default=True, help="Bootstrap resamples for confidence intervals.")
+@click.option("--no-plots", is_flag=True, help="HTML without plots (faster).")
+def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | None, baseline: str,
+           num_resamples: int, no_plots: bool) -> None:
+    """Paper-style tables, latency detail, goodput and plots for one or more runs.
+
+    Runs that differ in a setting (profile, chunked prefill, ...) are grouped by it; runs
+    that differ in profile are also laid side by side.
+    """
+    try:
+        rep = build_report(run_dirs, baseline=baseline, slo=slo, num_resamples=num_resamples)
+        text = rep.render(fmt, plots=not no_plots)
+    except (RunDirError, SummaryError) as exc:
+        raise InputError(str(exc)) from None
+    if fmt == "html" and out is None:
+        first = Path(run_dirs[0])
+        out = (first if first.is_dir() else first.parent) / "report.html"
+    if out is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    click.echo(f"wrote {out}", err=True)
+
+
+@click.command("compare")
+@click.argument("baseline", metavar="BASELINE")
+@click.argument("candidate", metavar="CANDIDATE")
+@click.option("--max-regression", default="3%", show_default=True,
+              help="Fail when a metric is worse by more than this (percent) and its CI excludes 0.")
+@click.option("--metric", "metrics", multiple=True, metavar="NAME",
+              help=f"Metric to compare (repeatable; default {', '.join(DEFAULT_METRICS)}; "
+                   f"known: {', '.join(METRICS)}).")
+@click.option("--pair", "pairs", multiple=True, metavar="A=B",
+              help="Compare baseline router A with candidate router B (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(("table", "markdown", "json")), default="table",
+              show_default=True)
+@click.option("--bootstrap", "num_resamples", type=click.IntRange(100, 100_000), default=1000,
+              show_default=True, help="Bootstrap resamples.")
+@click.option("--level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True,
+              help="Confidence level of the intervals.")
+def compare(baseline: str, candidate: str, max_regression: str, metrics: tuple[str, ...],
+            pairs: tuple[str, ...], fmt: str, num_resamples: int, level: float) -> None:
+    """Compare CANDIDATE runs against BASELINE runs; exit 1 on a significant regression."""
+    from .reports.compare_render import render_comparison
+
+    try:
+        threshold = parse_threshold(max_regression)
+        pair_list = parse_pairs(pairs)
+        result = compare_runs(baseline, candidate, metrics or DEFAULT_METRICS, threshold, pair_list,
+                              num_resamples, level)
+    except CompareError as exc:
+        msg = str(exc)
+        if msg.startswith("--"):
+            flag, _, rest = msg.partition(": ")
+            raise click.BadParameter(rest, param_hint=f"'{flag}'") from None
+        raise InputError(msg) from None
+    except (RunDirError, SummaryError) as exc:
+        raise InputError(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(render_comparison(result, "json"), indent=2, default=str))
+    else:
+        click.echo(render_comparison(result, fmt), nl=False)
+    if result.regressed:
+        raise SystemExit(1)
