@@ -1,0 +1,458 @@
+"""Emulated vLLM instances: OpenAI-compatible HTTP servers timed by the simulator.
+
+Each ``EmulatedInstance`` is an aiohttp application that serves
+``/v1/completions`` and ``/v1/chat/completions`` (streaming or not, with
+``usage``), ``/health``, ``/v1/models`` and ``/metrics`` (vLLM's metric names),
+and times every request with the simulator's instance model
+(``lbbench.sim.instance.SimInstance``) on the wall clock: a request is added to
+the engine when it arrives, the engine is advanced as real time passes, and each
+token is streamed at the end of the engine step that produced it. The whole HTTP
+path (client, routers, fault handling) can so be exercised at paper-like
+timings without GPUs; ``lbbench serve-sim`` runs a fleet of them.
+
+Output length is always ``max_tokens`` (the engine never stops early, as with
+vLLM's ``ignore_eos``); prompt length is the number of token ids, or about one
+token per four characters of text. Generated tokens are deterministic ids with
+text ``" t<id>"``.
+
+``zero_latency_profile()`` makes every engine step take a microsecond, for
+measuring the client alone. ``EmulatorFleet`` runs a fleet in a background
+thread (tests, benchmarks) and can ``kill`` one instance abruptly: it stops
+listening and drops every open connection, as a crashed server would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..core import Failed, Finished, FirstToken, Request
+from ..profiles import Profile
+from ..sim.instance import SimInstance
+from .metrics import render_metrics
+
+
+def zero_latency_profile() -> Profile:
+    """A profile whose engine steps take 1 microsecond and whose capacity is huge."""
+    return Profile(
+        name="zero", description="emulator profile with (almost) zero latency, for client benchmarks",
+        model="sim", hardware="none", base_s=1e-6, prefill_token_s=0.0, decode_seq_s=0.0,
+        context_token_s=0.0, num_kv_blocks=1 << 22, block_size=16, max_num_seqs=1 << 16,
+        max_num_batched_tokens=1 << 24, max_model_len=1 << 20, chunked_prefill=True, grad1=0.0,
+        grad2=0.0, epsilon=0.0, alpha=0.5, min_step_s=0.001,
+        source={"all": "synthetic: measures the HTTP client, not an engine"})
+
+
+def resolve_profile(name: str) -> Profile:
+    """``zero`` -> :func:`zero_latency_profile`; anything else through ``load_profile``."""
+    if name == "zero":
+        return zero_latency_profile()
+    from ..profiles import load_profile
+    return load_profile(name)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _token_id(rid: int, j: int) -> int:
+    return 100 + (rid * 31 + j * 7) % 900
+
+
+class _Stream:
+    __slots__ = ("rid", "prompt_tokens", "output_tokens", "avail", "done", "error", "event")
+
+    def __init__(self, rid: int, prompt_tokens: int, output_tokens: int):
+        self.rid = rid
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.avail = 0
+        self.done = False
+        self.error: str | None = None
+        self.event = asyncio.Event()
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+def _prompt_tokens(body: dict, chat: bool) -> int:
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _BadRequest("'messages' must be a non-empty list")
+        text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+        return max(1, round(len(text) / 4)) + 3 * len(msgs)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return max(1, round(len(prompt) / 4))
+    raise _BadRequest("'prompt' must be a string or a list of token ids")
+
+
+class EmulatedInstance:
+    """One emulated server: an aiohttp app around a ``SimInstance``."""
+
+    def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
+                 scheduler: str = "fcfs", chunked_prefill: bool | None = None):
+        self.profile = profile
+        self.index = index
+        self.model = model or profile.model or "sim"
+        self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill)
+        self.streams: dict[int, _Stream] = {}
+        self._ids = itertools.count()
+        self._wake: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._driver: asyncio.Task | None = None
+        self._transports: set = set()
+        self.runner: web.AppRunner | None = None
+        self.site: web.TCPSite | None = None
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_finished_total = 0
+        self.alive = False
+
+    # -- clock -----------------------------------------------------------------------
+    def now(self) -> float:
+        return self._loop.time() - self._t0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        app = web.Application(client_max_size=64 << 20)
+        app.add_routes([
+            web.get("/health", self._health), web.get("/v1/models", self._models),
+            web.get("/metrics", self._metrics),
+            web.post("/v1/completions", self._completions),
+            web.post("/v1/chat/completions", self._chat),
+        ])
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        await self.runner.setup()
+        self.site = web.TCPSite(self.runner, host, port, reuse_address=True)
+        await self.site.start()
+        self._driver = asyncio.create_task(self._drive())
+        self.alive = True
+
+    async def stop(self) -> None:
+        self.alive = False
+        if self._driver is not None:
+            self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def kill(self) -> None:
+        """Die abruptly: stop listening and drop every open connection."""
+        self.alive = False
+        if self.site is not None:
+            await self.site.stop()
+        for tr in list(self._transports):
+            tr.abort()
+        self._transports.clear()
+        if self._driver is not None:
+            self._driver.cancel()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # -- the engine, on the wall clock -----------------------------------------------
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    def _progress(self, now_s: float) -> tuple[int, float | None]:
+        """Steps of the running pure-decode segment finished by ``now_s`` and the end
+        of the next step. The simulator only advances whole segments; streaming
+        needs the tokens inside one, which follow from its step-time series."""
+        sim = self.sim
+        k = sim.seg_k
+        if k == 0:
+            return 0, None
+        if sim.seg_sched is not None:  # one mixed step
+            return 0, sim.seg_t0 + sim._cum(1)
+        m = min(sim._steps_done_by(now_s - sim.seg_t0), k)
+        return m, sim.seg_t0 + sim._cum(min(m + 1, k))
+
+    def _apply(self, events: list) -> None:
+        """Hand engine events to the streams waiting on them."""
+        streams = self.streams
+        for ev in events:
+            s = streams.get(getattr(ev, "request_id", -1))
+            if s is None:
+                continue
+            if isinstance(ev, Finished):
+                s.avail = s.output_tokens
+                s.done = True
+                s.event.set()
+                self.generation_tokens_total += s.output_tokens
+                self.num_finished_total += 1
+            elif isinstance(ev, FirstToken):
+                r = self.sim.reqs.get(s.rid)
+                s.avail = max(s.avail, self.sim.generated_tokens(s.rid) if r is not None else 1)
+                s.event.set()
+            elif isinstance(ev, Failed):
+                s.error = ev.error
+                s.done = True
+                s.event.set()
+
+    async def _drive(self) -> None:
+        loop = self._loop
+        sim = self.sim
+        streams = self.streams
+        while True:
+            now = self.now()
+            self._apply(sim.advance(now))
+            m, next_step = self._progress(now)
+            if sim.seg_k and sim.seg_sched is None:
+                for s in streams.values():
+                    if s.done:
+                        continue
+                    r = sim.reqs.get(s.rid)
+                    if r is not None and r.decoding:
+                        g = sim.generated_tokens(s.rid) + m
+                        if g > s.avail:
+                            s.avail = g
+                            s.event.set()
+            wake_at = sim.next_event_s()
+            if next_step is not None and (wake_at is None or next_step < wake_at):
+                wake_at = next_step
+            self._wake = loop.create_future()
+            if wake_at is not None:
+                handle = loop.call_at(self._t0 + wake_at, self._poke)
+                await self._wake
+                handle.cancel()
+            else:
+                await self._wake
+
+    def _submit(self, prompt_tokens: int, output_tokens: int) -> _Stream:
+        rid = next(self._ids)
+        s = _Stream(rid, prompt_tokens, output_tokens)
+        self.streams[rid] = s
+        self.prompt_tokens_total += prompt_tokens
+        now = self.now()
+        self._apply(self.sim.add(Request(rid, now, prompt_tokens, output_tokens), now))
+        self._poke()
+        return s
+
+    def _forget(self, s: _Stream) -> None:
+        self.streams.pop(s.rid, None)
+        if not s.done:
+            self.sim.abort(s.rid)
+            self._poke()
+
+    # -- HTTP handlers ---------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "owned_by": "lbbench",
+             "max_model_len": self.profile.max_model_len}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        sim = self.sim
+        text = render_metrics(self.model, sim.num_running, sim.num_waiting, sim.kv_usage,
+                              sim.num_preemptions, self.prompt_tokens_total,
+                              self.generation_tokens_total, self.num_finished_total)
+        return web.Response(text=text, content_type="text/plain")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    def _chunk(self, s: _Stream, chat: bool, n: int, finish: str | None, want_ids: bool) -> bytes:
+        ids = [_token_id(s.rid, j) for j in range(s.avail - n, s.avail)] if n else []
+        text = "".join(f" t{i}" for i in ids)
+        choice: dict = {"index": 0, "finish_reason": finish}
+        if chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        if want_ids:
+            choice["token_ids"] = ids
+        obj = {"id": f"cmpl-{self.index}-{s.rid}",
+               "object": "chat.completion.chunk" if chat else "text_completion",
+               "created": int(time.time()), "model": self.model, "choices": [choice]}
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+    def _usage(self, s: _Stream) -> dict:
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.avail,
+                "total_tokens": s.prompt_tokens + s.avail}
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise _BadRequest("body must be a JSON object")
+            prompt_tokens = _prompt_tokens(body, chat)
+            max_tokens = body.get("max_tokens", body.get("max_completion_tokens")) or 16
+            if not isinstance(max_tokens, int) or max_tokens < 1:
+                raise _BadRequest("'max_tokens' must be a positive integer")
+        except (ValueError, _BadRequest) as exc:
+            return web.json_response({"error": {"message": str(exc), "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        if body.get("model") not in (None, self.model):
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does "
+                                                "not exist.", "type": "NotFoundError", "code": 404}},
+                                     status=404)
+        s = self._submit(prompt_tokens, max_tokens)
+        if s.error is not None:
+            self.streams.pop(s.rid, None)
+            return web.json_response({"error": {"message": s.error, "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        tr = request.transport
+        if tr is not None:
+            self._transports.add(tr)
+        try:
+            if body.get("stream"):
+                return await self._stream(request, s, chat, body)
+            while not s.done:
+                await s.event.wait()
+                s.event.clear()
+            if s.error is not None:
+                return web.json_response({"error": {"message": s.error, "code": 500}}, status=500)
+            ids = [_token_id(s.rid, j) for j in range(s.avail)]
+            text = "".join(f" t{i}" for i in ids)
+            choice: dict = {"index": 0, "finish_reason": "length"}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            if body.get("return_token_ids"):
+                choice["token_ids"] = ids
+            return web.json_response({
+                "id": f"cmpl-{self.index}-{s.rid}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model, "choices": [choice],
+                "usage": self._usage(s)})
+        finally:
+            self._forget(s)
+            if tr is not None:
+                self._transports.discard(tr)
+
+    async def _stream(self, request: web.Request, s: _Stream, chat: bool, body: dict) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        want_ids = bool(body.get("return_token_ids"))
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        sent = 0
+        while True:
+            await s.event.wait()
+            s.event.clear()
+            if s.error is not None:
+                err = {"error": {"message": s.error, "type": "InternalServerError", "code": 500}}
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                break
+            n = s.avail - sent
+            if n > 0:
+                sent = s.avail
+                finish = "length" if s.done and sent >= s.output_tokens else None
+                await resp.write(self._chunk(s, chat, n, finish, want_ids))
+            if s.done:
+                break
+        if usage and s.error is None:
+            obj = {"id": f"cmpl-{self.index}-{s.rid}",
+                   "object": "chat.completion.chunk" if chat else "text_completion",
+                   "created": int(time.time()), "model": self.model, "choices": [],
+                   "usage": self._usage(s)}
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+@dataclass
+class FleetConfig:
+    profile: Profile
+    num_instances: int = 2
+    host: str = "127.0.0.1"
+    port_base: int | None = None  # None: free ports
+    model: str | None = None
+    scheduler: str = "fcfs"
+    chunked_prefill: bool | None = None
+
+
+async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
+    """Start ``cfg.num_instances`` emulated servers on consecutive (or free) ports."""
+    out = []
+    for i in range(cfg.num_instances):
+        port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
+        inst = EmulatedInstance(cfg.profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
+                                chunked_prefill=cfg.chunked_prefill)
+        try:
+            await inst.start(cfg.host, port)
+        except OSError as exc:
+            for o in out:
+                await o.stop()
+            raise OSError(f"--port: cannot listen on {cfg.host}:{port}: {exc.strerror or exc}") from None
+        inst.url = f"http://{cfg.host}:{port}"
+        out.append(inst)
+    return out
+
+
+class EmulatorFleet:
+    """A fleet of emulated instances served from a background thread.
+
+    ``with EmulatorFleet(FleetConfig(profile, 2)) as fleet: fleet.endpoints``;
+    ``fleet.kill(i)`` crashes instance ``i``.
+    """
+
+    def __init__(self, cfg: FleetConfig):
+        self.cfg = cfg
+        self.instances: list[EmulatedInstance] = []
+        self.endpoints: list[str] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="serve-sim", daemon=True)
+
+    def __enter__(self) -> "EmulatorFleet":
+        self._thread.start()
+        self.instances = asyncio.run_coroutine_threadsafe(start_fleet(self.cfg), self._loop).result(30)
+        self.endpoints = [inst.url for inst in self.instances]
+        return self
+
+    def kill(self, index: int) -> None:
+        asyncio.run_coroutine_threadsafe(self.instances[index].kill(), self._loop).result(10)
+
+    def call(self, fn, *args):
+        """Run ``fn(*args)`` on the fleet's loop thread and return its result."""
+        async def _c():
+            return fn(*args)
+        return asyncio.run_coroutine_threadsafe(_c(), self._loop).result(10)
+
+    def __exit__(self, *exc) -> None:
+        async def _stop():
+            for inst in self.instances:
+                if inst.alive:
+                    await inst.stop()
+        try:
+            asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+
+async def serve_forever(cfg: FleetConfig, on_ready=None) -> None:
+    """Run a fleet in the current loop until cancelled (the ``serve-sim`` command)."""
+    fleet = await start_fleet(cfg)
+    try:
+        if on_ready is not None:
+            on_ready([inst.url for inst in fleet])
+        await asyncio.Event().wait()
+    finally:
+        for inst in fleet:
+            await inst.stop()

@@ -1,0 +1,421 @@
+"""Live replay: a workload sent over HTTP through the same dispatcher as the simulator.
+
+``run_replay`` drives ``lbbench.dispatch.Dispatcher`` and
+``lbbench.core.ClusterState`` from an asyncio loop on the wall clock — the very
+objects the simulator drives in virtual time — so a router cannot tell the two
+apart. Decision epochs are the simulator's: an arrival, a completion, and every
+``min_step_s`` while requests wait after the router deferred.
+
+The schedule is open loop and absolute: request *i* reaches the load balancer
+at ``start + arrival_s`` (never a chain of relative sleeps), so a slow
+response never delays later arrivals. Each record carries
+
+- ``planned_send_s``: when the request should have left the client:
+  ``arrival_s`` plus the time the router chose to hold it (deferral), so that
+  ``actual_send_s - planned_send_s`` (the *dispatch lag*) measures the client
+  alone and not the routing policy;
+- ``actual_send_s``: when the HTTP request left the client;
+- ``dispatch_s``: when the router dispatched it (so ``dispatch_s - arrival_s``
+  is the router wait, as in the simulator).
+
+Lifecycle events fed to the state: ``Dispatched`` (by the dispatcher),
+``FirstToken``, ``TokensGenerated`` (at most one per request per
+``min_step_s``), ``Finished`` / ``Failed``, ``InstanceHealth`` (an instance
+whose requests fail with connection errors is marked down until its
+``/health`` answers again) and ``MetricsSample`` (``/metrics`` scraped every
+``scrape_interval_s``).
+
+Every record is appended to ``out_dir/requests.partial.jsonl`` as soon as its
+request ends. Ctrl-C or SIGTERM stops the run: finished requests are kept and
+the result says ``complete=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import aiohttp
+import polars as pl
+
+from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, InstanceSpec,
+                    MetricsSample, Request, RequestRecord, TokensGenerated)
+from ..dispatch import Dispatcher, Router
+from .http import HttpBackend, StreamResult
+from .metrics import parse_metrics
+
+PARTIAL_RECORDS = "requests.partial.jsonl"
+METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.Int64,
+                  "num_waiting": pl.Int64, "kv_usage": pl.Float64, "num_preemptions": pl.Int64}
+
+
+class EndpointError(ValueError):
+    """An endpoint cannot be used (the message names the flag and the URL)."""
+
+
+def normalize_endpoint(url: str) -> str:
+    """``host:port``, ``http://host:port/`` or ``.../v1`` -> ``http://host:port``."""
+    u = url.strip()
+    if not u:
+        raise EndpointError("--endpoint: empty URL")
+    if "://" not in u:
+        u = "http://" + u
+    u = u.rstrip("/")
+    if u.endswith("/v1"):
+        u = u[:-3]
+    return u
+
+
+def _get(url: str, timeout_s: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - user-given endpoint
+        return resp.read()
+
+
+def served_models(endpoint: str, timeout_s: float = 5.0) -> list[str]:
+    """Model ids listed by ``/v1/models``."""
+    data = json.loads(_get(normalize_endpoint(endpoint) + "/v1/models", timeout_s))
+    return [str(m["id"]) for m in data.get("data", [])]
+
+
+def check_endpoints(endpoints: Sequence[str], timeout_s: float = 5.0) -> list[str]:
+    """Check every endpoint answers (``/health``, else ``/v1/models``).
+
+    Returns the normalized URLs; raises ``EndpointError("--endpoint URL:
+    unreachable: ...")`` for the first that does not.
+    """
+    if not endpoints:
+        raise EndpointError("--endpoint: no endpoints given")
+    out = []
+    for raw in endpoints:
+        url = normalize_endpoint(raw)
+        try:
+            try:
+                _get(url + "/health", timeout_s)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise
+                _get(url + "/v1/models", timeout_s)
+        except urllib.error.HTTPError as exc:
+            raise EndpointError(f"--endpoint {raw}: unhealthy: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise EndpointError(f"--endpoint {raw}: unreachable: {reason}") from None
+        out.append(url)
+    return out
+
+
+@dataclass
+class ReplayResult:
+    """What a live replay produced."""
+
+    records: list[RequestRecord]
+    metrics: pl.DataFrame
+    complete: bool
+    #: request id -> arrival time of each streamed token (run clock, seconds)
+    token_times: dict[int, list[float]] = field(default_factory=dict)
+    #: "SIGINT" / "SIGTERM" when the run was stopped early
+    interrupted: str | None = None
+    duration_s: float = 0.0
+    endpoints: list[str] = field(default_factory=list)
+    model: str = ""
+
+
+class _Replay:
+    def __init__(self, requests: Sequence[Request], router: Router, endpoints: list[str], *,
+                 model: str, specs: Sequence[InstanceSpec], run_id: str, seed: int,
+                 out_dir: Path | None, scrape_interval_s: float | None, request_timeout_s: float,
+                 api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
+                 health_interval_s: float, stall_timeout_s: float):
+        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.router = router
+        self.endpoints = endpoints
+        self.model = model
+        self.run_id = run_id
+        self.seed = seed
+        self.out_dir = out_dir
+        self.scrape_interval_s = scrape_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.api = api
+        self.min_step_s = min_step_s
+        self.progress = progress
+        self.health_interval_s = health_interval_s
+        self.stall_timeout_s = stall_timeout_s
+        self.state = ClusterState(specs)
+        self.dispatcher = Dispatcher(router, self.state)
+        self.records: list[RequestRecord] = []
+        self.token_times: dict[int, list[float]] = {}
+        self.metric_rows: list[tuple] = []
+        self.arrived_at: dict[int, float] = {}
+        self.in_flight: set[asyncio.Task] = set()
+        self.num_arrived = 0
+        self.interrupted: str | None = None
+        self._tick: asyncio.TimerHandle | None = None
+        self._last_progress_s = 0.0
+
+    # -- clock ---------------------------------------------------------------------------
+    def now(self) -> float:
+        return self.loop.time() - self.t0
+
+    # -- main ----------------------------------------------------------------------------
+    async def run(self) -> ReplayResult:
+        self.loop = asyncio.get_running_loop()
+        self.finished = asyncio.Event()
+        self.stop = asyncio.Event()
+        partial = None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            partial = open(self.out_dir / PARTIAL_RECORDS, "w", encoding="utf-8")
+        self.partial = partial
+        wall0 = time.perf_counter()
+        try:
+            async with HttpBackend(model=self.model, clock=self.now, api=self.api,
+                                   request_timeout_s=self.request_timeout_s) as backend:
+                self.backend = backend
+                self.t0 = self.loop.time() + 0.01  # a little lead-in for the first arrival
+                tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
+                if self.scrape_interval_s:
+                    tasks.append(asyncio.create_task(self._scrape()))
+                if not self.requests:
+                    self.finished.set()
+                waiters = [asyncio.create_task(self.finished.wait()), asyncio.create_task(self.stop.wait())]
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                if self._tick is not None:
+                    self._tick.cancel()
+                for t in [*tasks, *waiters, *self.in_flight]:
+                    t.cancel()
+                await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
+        finally:
+            if partial is not None:
+                partial.close()
+        complete = self.interrupted is None and len(self.records) == len(self.requests)
+        metrics = pl.DataFrame(self.metric_rows, schema=METRICS_SCHEMA, orient="row")
+        return ReplayResult(records=self.records, metrics=metrics, complete=complete,
+                            token_times=self.token_times, interrupted=self.interrupted,
+                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
+                            model=self.model)
+
+    def request_stop(self, why: str) -> None:
+        if self.interrupted is None:
+            self.interrupted = why
+        self.stop.set()
+
+    # -- arrivals and decision epochs ------------------------------------------------------
+    async def _schedule(self) -> None:
+        reqs = self.requests
+        i, n = 0, len(reqs)
+        while i < n:
+            delay = reqs[i].arrival_s - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now = self.now()
+            while i < n and reqs[i].arrival_s <= now:
+                self.dispatcher.arrive(reqs[i])
+                self.arrived_at[reqs[i].request_id] = now
+                i += 1
+            self.num_arrived = i
+            self._epoch(now)
+
+    def _epoch(self, now: float) -> None:
+        for req, inst in self.dispatcher.decide(now):
+            held = now - self.arrived_at.pop(req.request_id, now)
+            task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
+            self.in_flight.add(task)
+            task.add_done_callback(self.in_flight.discard)
+        if len(self.dispatcher) and self._tick is None:
+            self._tick = self.loop.call_later(self.min_step_s, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        if len(self.dispatcher):
+            self._epoch(self.now())
+
+    # -- one request -------------------------------------------------------------------------
+    async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float) -> None:
+        rid = req.request_id
+        observe = self.dispatcher.observe
+        last = [-math.inf]
+        min_step_s = self.min_step_s
+
+        def on_tokens(count: int, t: float) -> None:
+            if last[0] == -math.inf:
+                observe(FirstToken(rid, inst, t))
+                last[0] = t
+            elif t - last[0] >= min_step_s:
+                observe(TokensGenerated(rid, inst, t, count))
+                last[0] = t
+
+        res = await self.backend.send(self.endpoints[inst], req, on_tokens)
+        now = self.now()
+        if res.error is None:
+            observe(Finished(rid, inst, res.finish_s if res.finish_s is not None else now,
+                             res.generated_tokens))
+        else:
+            observe(Failed(rid, inst, now, res.error))
+            if res.connection_error and self.state.view().instances[inst].healthy:
+                observe(InstanceHealth(inst, now, False))
+        self._record(req, inst, dispatch_s, planned_s, res)
+        self._epoch(self.now())
+
+    def _record(self, req: Request, inst: int, dispatch_s: float, planned_s: float | None,
+                res: StreamResult | None, error: str | None = None) -> None:
+        tbt = res.tbt_stats_s() if res is not None else (None, None, None)
+        rec = RequestRecord(
+            run_id=self.run_id, router=self.router.name, seed=self.seed, request_id=req.request_id,
+            task=req.task, instance=inst, arrival_s=req.arrival_s, dispatch_s=dispatch_s,
+            first_token_s=res.first_token_s if res else None,
+            finish_s=res.finish_s if res else None,
+            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+            generated_tokens=res.generated_tokens if res else 0,
+            predicted_output_tokens=req.predicted_output_tokens,
+            predicted_bucket=req.predicted_bucket,
+            tbt_mean_s=tbt[0], tbt_p99_s=tbt[1], tbt_max_s=tbt[2],
+            planned_send_s=planned_s, actual_send_s=res.actual_send_s if res else None,
+            server_prompt_tokens=res.server_prompt_tokens if res else None,
+            server_output_tokens=res.server_output_tokens if res else None,
+            http_status=res.http_status if res else None,
+            error=res.error if res else error,
+        )
+        self.records.append(rec)
+        if res is not None:
+            self.token_times[req.request_id] = res.token_times_s
+        if self.partial is not None:
+            self.partial.write(json.dumps(rec.as_dict()) + "\n")
+            self.partial.flush()
+        done, total = len(self.records), len(self.requests)
+        if self.progress is not None:
+            now = self.now()
+            if done == total or now - self._last_progress_s >= 0.1:
+                self._last_progress_s = now
+                self.progress(done, total)
+        if done == total:
+            self.finished.set()
+
+    # -- health, stalls, metrics ---------------------------------------------------------
+    async def _probe(self, inst: int) -> bool:
+        try:
+            async with self.backend.session.get(self.endpoints[inst] + "/health",
+                                                timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    async def _watch(self) -> None:
+        """Bring instances back when ``/health`` answers; fail requests that can
+        never be dispatched (every instance down, or the router deferring with
+        nothing in flight) after ``stall_timeout_s``."""
+        stalled_since: float | None = None
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            view = self.state.view()
+            down = [iv.index for iv in view.instances if not iv.healthy]
+            if down:
+                ok = await asyncio.gather(*(self._probe(i) for i in down))
+                for i, good in zip(down, ok):
+                    if good:
+                        self.dispatcher.observe(InstanceHealth(i, self.now(), True))
+                if any(ok):
+                    self._epoch(self.now())
+            stuck = len(self.dispatcher) > 0 and not self.in_flight and (
+                self.num_arrived == len(self.requests) or not self.state.view().healthy_indices())
+            now = self.now()
+            if not stuck:
+                stalled_since = None
+            elif stalled_since is None:
+                stalled_since = now
+            elif now - stalled_since >= self.stall_timeout_s:
+                why = ("no healthy instance" if not self.state.view().healthy_indices()
+                       else f"router {self.router.name!r} kept deferring")
+                self._fail_queue(now, f"not dispatched: {why} for {self.stall_timeout_s:g}s")
+                stalled_since = None
+
+    def _fail_queue(self, now: float, error: str) -> None:
+        q = self.dispatcher.queue
+        while len(q):
+            # Take the oldest request off the dispatcher's queue the way a
+            # dispatch would, but without sending it anywhere.
+            req = q[0]
+            del q[0]  # type: ignore[attr-defined]  # the dispatcher's queue is a list
+            self.arrived_at.pop(req.request_id, None)
+            self._record(req, -1, now, None, None, error)
+
+    async def _scrape(self) -> None:
+        n = len(self.endpoints)
+        while True:
+            await asyncio.sleep(self.scrape_interval_s)
+            texts = await asyncio.gather(*(self._fetch_metrics(i) for i in range(n)))
+            for i, text in enumerate(texts):
+                m = parse_metrics(text) if text else None
+                if m is None:
+                    continue
+                t = self.now()
+                self.dispatcher.observe(MetricsSample(i, t, m.num_running, m.num_waiting, m.kv_usage,
+                                                      m.num_preemptions))
+                self.metric_rows.append((t, i, m.num_running, m.num_waiting, m.kv_usage, m.num_preemptions))
+
+    async def _fetch_metrics(self, inst: int) -> str | None:
+        try:
+            timeout = aiohttp.ClientTimeout(total=max(1.0, self.scrape_interval_s))
+            async with self.backend.session.get(self.endpoints[inst] + "/metrics", timeout=timeout) as resp:
+                return await resp.text() if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return None
+
+
+def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[str], *,
+               model: str | None = None, specs: Sequence[InstanceSpec] | None = None,
+               run_id: str, seed: int, out_dir: str | Path | None = None,
+               scrape_interval_s: float | None = 1.0, request_timeout_s: float = 600.0,
+               api: str = "completions", min_step_s: float = 0.02,
+               progress: Callable[[int, int], None] | None = None,
+               health_interval_s: float = 0.5, stall_timeout_s: float = 30.0) -> ReplayResult:
+    """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
+
+    ``model`` defaults to the first model the first endpoint serves. ``specs``
+    (one ``InstanceSpec`` per endpoint) tell the router what it may know about
+    each instance's capacity. Ctrl-C / SIGTERM end the run early with
+    ``complete=False`` (handled only when called from the main thread).
+    """
+    urls = [normalize_endpoint(e) for e in endpoints]
+    if not urls:
+        raise EndpointError("--endpoint: no endpoints given")
+    if specs is None:
+        specs = [InstanceSpec() for _ in urls]
+    if len(specs) != len(urls):
+        raise ValueError(f"{len(specs)} instance specs for {len(urls)} endpoints")
+    if model is None:
+        try:
+            models = served_models(urls[0])
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise EndpointError(f"--endpoint {endpoints[0]}: cannot list models: {exc}") from None
+        if not models:
+            raise EndpointError(f"--endpoint {endpoints[0]}: serves no model")
+        model = models[0]
+    replay = _Replay(requests, router, urls, model=model, specs=specs, run_id=run_id, seed=seed,
+                     out_dir=Path(out_dir) if out_dir is not None else None,
+                     scrape_interval_s=scrape_interval_s, request_timeout_s=request_timeout_s,
+                     api=api, min_step_s=min_step_s, progress=progress,
+                     health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s)
+    loop = asyncio.new_event_loop()
+    in_main = threading.current_thread() is threading.main_thread()
+    saved = {}
+    try:
+        if in_main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                saved[sig] = signal.getsignal(sig)
+                loop.add_signal_handler(sig, replay.request_stop, sig.name)
+        return loop.run_until_complete(replay.run())
+    finally:
+        for sig, handler in saved.items():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, handler)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
