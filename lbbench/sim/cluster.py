@@ -43,7 +43,7 @@ class _Hold:
 class ClusterSim:
     def __init__(self, profile: Profile, num_instances: int, requests: Sequence[Request], *,
                  instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
-                 seed: int = 0, run_id: str = "", check_invariants: bool = False,
+                 seed: int = 0, run_id: str = "", check_invariants: bool = False, skip_ahead: bool = True,
                  timeline_interval_s: float | None = None,
                  prompt_buckets: tuple[int, ...] | None = None,
                  decode_buckets: tuple[int, ...] | None = None):
@@ -52,8 +52,8 @@ class ClusterSim:
         self.profile = profile
         self.seed = seed
         self.run_id = run_id
-        self.instances = [SimInstance(profile, i, instance_scheduler, chunked_prefill, check_invariants)
-                          for i in range(num_instances)]
+        self.instances = [SimInstance(profile, i, instance_scheduler, chunked_prefill, check_invariants,
+                                      skip_ahead) for i in range(num_instances)]
         for inst in self.instances:
             inst._on_finish = self._make_finish_hook(inst)
         kw = {}

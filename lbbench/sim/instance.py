@@ -81,7 +81,8 @@ class SimInstance:
     """A vLLM-like engine driven by ``add`` and ``advance`` in virtual time."""
 
     def __init__(self, profile: Profile, index: int = 0, scheduler: str = "fcfs",
-                 chunked_prefill: bool | None = None, check_invariants: bool = False):
+                 chunked_prefill: bool | None = None, check_invariants: bool = False,
+                 skip_ahead: bool = True):
         if scheduler not in INSTANCE_SCHEDULERS:
             raise ValueError(f"--instance-scheduler: unknown {scheduler!r} "
                              f"(choose from {', '.join(INSTANCE_SCHEDULERS)})")
@@ -90,6 +91,7 @@ class SimInstance:
         self.scheduler = scheduler
         self.chunked_prefill = profile.chunked_prefill if chunked_prefill is None else chunked_prefill
         self.check_invariants = check_invariants
+        self.skip_ahead = skip_ahead  # False: one step per segment (reference for tests)
         p = profile
         self.bs = p.block_size
         self.num_blocks = p.num_kv_blocks
@@ -355,7 +357,7 @@ class SimInstance:
         if all_decode and not admitted and not preempted and n == len(sched):
             # pure decode: repeat until a finish, a failing allocation, or an external event
             k_finish = self._peek_finish() - self.clock
-            k = max(1, min(k_finish, self._max_alloc_steps()))
+            k = max(1, min(k_finish, self._max_alloc_steps())) if self.skip_ahead else 1
             self.seg_a = (self._base + self._b * n + self._c * (self.sum_key + n * self.clock + n))
             self.seg_b = self._c * n
             self.seg_sched = None

@@ -1,0 +1,347 @@
+"""The `lbbench` command line: parse flags, build a config, call the library.
+
+Bad input ends with one line naming the flag or file and what is wrong, and
+exit code 2. Everything measured is written as it completes; Ctrl-C keeps what
+was measured and marks the run incomplete.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .experiment import (ConfigError, RunConfig, default_out_dir, group_keys, iter_sim_runs, to_json,
+                         variants, write_outputs, write_run_toml)
+
+err_console = Console(stderr=True)
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean bad user input (exit 2, one line)."""
+    from .dispatch import RouterError
+    from .profiles import ProfileError
+    from .routers.registry import UnknownRouterError
+    errs: list[type[BaseException]] = [ConfigError, ProfileError, UnknownRouterError, RouterError]
+    for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
+                      ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
+                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.harness.launcher", "LaunchError")):
+        try:
+            errs.append(getattr(importlib.import_module(mod), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errs)
+
+
+class LbbenchGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _user_errors() as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            click.echo(f"Error: {msg}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=LbbenchGroup)
+@click.version_option(package_name="lbbench")
+def main() -> None:
+    """lbbench: benchmark LLM request routers on simulated or live clusters."""
+
+
+def _split_csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _chunked(value: str) -> list[bool | None]:
+    return {"on": [True], "off": [False], "both": [False, True], "profile": [None]}[value]
+
+
+@main.command("routers")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def routers_cmd(fmt: str) -> None:
+    """List the registered routers."""
+    from .routers import available_routers
+    items = available_routers()
+    if fmt == "json":
+        click.echo(json.dumps([{"name": k, "description": v} for k, v in items.items()], indent=2))
+    else:
+        width = max(len(k) for k in items)
+        for k, v in items.items():
+            click.echo(f"{k:<{width}}  {v}")
+
+
+@main.command("profiles")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def profiles_cmd(fmt: str) -> None:
+    """List the shipped profiles (model x hardware x engine setting)."""
+    from .profiles import available_profiles, load_profile
+    rows = []
+    for name in available_profiles():
+        p = load_profile(name)
+        rows.append({"name": name, "description": p.description, "model": p.model, "hardware": p.hardware})
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        width = max((len(r["name"]) for r in rows), default=4)
+        for r in rows:
+            click.echo(f"{r['name']:<{width}}  {r['description']}")
+
+
+def _read_endpoints_file(path: str) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--endpoints {path}: no such file")
+    urls = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not line.startswith(("http://", "https://")):
+            raise ConfigError(f"--endpoints {path}: line {n}: not an http(s) URL: {line!r}")
+        urls.append(line)
+    if not urls:
+        raise ConfigError(f"--endpoints {path}: no endpoints in the file")
+    return urls
+
+
+def _trace_options_decorator(f: Any) -> Any:
+    try:
+        from .cli_trace import trace_transform_options
+    except ImportError:  # pragma: no cover - trace readers are part of the package
+        return f
+    return trace_transform_options(f)
+
+
+@main.command("run")
+@click.option("--profile", default="llama2-7b-v100", show_default=True,
+              help="Profile name (see `lbbench profiles`) or path to a profile TOML.")
+@click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Number of instances (simulated or launched).")
+@click.option("--workload", default="paper-mix", show_default=True,
+              help="paper-mix | paper-classes | poisson | dataset:FILE.jsonl (ignored with --trace).")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Replay a trace file (Parquet/CSV/JSONL: canonical, Azure, BurstGPT, Mooncake).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Mean arrival rate in requests/s (default 20; with --trace: rescale to this rate).")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Requests per run (default 2000; 3000 for paper-classes; all of a trace).")
+@click.option("--router", "routers", default="round_robin", show_default=True,
+              help="Comma-separated routers run side by side (see `lbbench routers`).")
+@click.option("--instance-scheduler", default="fcfs", show_default=True,
+              help="Comma-separated instance-level schedulers: fcfs, bin_packing, least_work_left.")
+@click.option("--chunked-prefill", type=click.Choice(["profile", "on", "off", "both"]), default="profile",
+              show_default=True, help="Chunked prefill; `both` runs each variant.")
+@click.option("--order", default=None,
+              help="paper-classes arrival order (default: all four): lh_hl_random, all_random, "
+                   "lh_then_hl, hl_then_lh.")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of paired seeds (every router sees the same arrivals per seed).")
+@click.option("--seed", type=int, default=0, show_default=True, help="First seed.")
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Coefficient of variation of inter-arrival times (1 = Poisson; gamma otherwise).")
+@click.option("--prompt-tokens", default="128", show_default=True,
+              help="poisson workload: prompt length, N or MEAN:CV (lognormal).")
+@click.option("--output-tokens", default="128", show_default=True,
+              help="poisson workload: output length, N or MEAN:CV (lognormal).")
+@click.option("--predictor", default="oracle", show_default=True,
+              help="Output-length predictor for length-aware routers: oracle | bucket_oracle | "
+                   "noisy:ACC | text:DIR | metadata:DIR.")
+@click.option("--checkpoint", default=None, help="Checkpoint directory for learned routers (wgrl, ...).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default runs/<timestamp>-<workload>).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--endpoint", "endpoints", multiple=True,
+              help="Attach to a running OpenAI-compatible server (repeat per instance).")
+@click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), default=None,
+              help="File with one endpoint URL per line.")
+@click.option("--launch", "launch_model", default=None,
+              help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
+@click.option("--model", default=None, help="Model name to request from endpoints (default: the first served).")
+@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True,
+              help="Live runs: seconds before a request is recorded as failed.")
+@click.option("--timeline-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
+@_trace_options_decorator
+def run_cmd(**kw: Any) -> None:
+    """Replay a workload through routers on a simulated or live cluster."""
+    from .profiles import load_profile
+
+    trace_opts: dict[str, Any] = {}
+    try:
+        from .cli_trace import split_trace_options
+        read, transform = split_trace_options(kw)
+        trace_opts = {**read, **transform}
+    except ImportError:  # pragma: no cover
+        pass
+    profile = load_profile(kw["profile"])
+    routers = _split_csv(kw["routers"])
+    if not routers:
+        raise ConfigError("--router: give at least one router name")
+    scheds = _split_csv(kw["instance_scheduler"])
+    from .sim.instance import INSTANCE_SCHEDULERS
+    for s in scheds:
+        if s not in INSTANCE_SCHEDULERS:
+            raise ConfigError(f"--instance-scheduler: unknown {s!r} (choose from {', '.join(INSTANCE_SCHEDULERS)})")
+    workload = kw["workload"]
+    orders: list[str | None] = [None]
+    if workload == "paper-classes" and not kw["trace"]:
+        from .workloads import PAPER_CLASS_ORDERS
+        orders = list(PAPER_CLASS_ORDERS) if kw["order"] is None else _split_csv(kw["order"])
+        for o in orders:
+            if o not in PAPER_CLASS_ORDERS:
+                raise ConfigError(f"--order: unknown order {o!r} (choose from {', '.join(PAPER_CLASS_ORDERS)})")
+    elif kw["order"] is not None:
+        raise ConfigError("--order: only applies to --workload paper-classes")
+    if kw["trace"] and not Path(kw["trace"]).is_file():
+        raise ConfigError(f"--trace {kw['trace']}: no such file")
+    requests = kw["requests"]
+    if requests is None and not kw["trace"]:
+        requests = 3000 if workload == "paper-classes" else 2000
+    rate = kw["rate"] if (kw["rate"] is not None or kw["trace"]) else 20.0
+    endpoints = list(kw["endpoints"])
+    if kw["endpoints_file"]:
+        endpoints += _read_endpoints_file(kw["endpoints_file"])
+    live = bool(endpoints or kw["launch_model"])
+    if endpoints and kw["launch_model"]:
+        raise ConfigError("--launch and --endpoint are exclusive: launch new servers or attach to running ones")
+    router_options: dict[str, Any] = {}
+    if kw["checkpoint"]:
+        router_options = {r: {"checkpoint": kw["checkpoint"]} for r in routers if r.endswith("rl")}
+    cfg = RunConfig(
+        profile=kw["profile"], instances=len(endpoints) if endpoints else kw["instances"],
+        workload=workload, trace=kw["trace"], trace_options=trace_opts, rate_per_s=rate,
+        requests=requests, routers=routers, router_options=router_options,
+        instance_schedulers=scheds, chunked_prefill=_chunked(kw["chunked_prefill"]), orders=orders,
+        seeds=kw["seeds"], seed=kw["seed"], burstiness=kw["burstiness"], predictor=kw["predictor"],
+        prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
+        timeline_interval_s=kw["timeline_interval"] or None, backend="live" if live else "sim",
+    )
+    # validate the predictor and routers before any long work starts
+    from .predict import load_predictor
+    from .routers import get_router
+    load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
+    for r in routers:
+        get_router(r, num_instances=cfg.instances, seed=cfg.seed, profile=profile, **router_options.get(r, {}))
+    out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    if live:
+        from .cli_live_run import run_live
+        summary, complete = run_live(cfg, profile, kw, endpoints, out_dir, run_id, err_console)
+    else:
+        summary, complete = _run_sim(cfg, profile, out_dir, run_id)
+    _print_summary(summary, cfg, kw["fmt"], out_dir, complete)
+    if not complete:
+        sys.exit(130)
+
+
+def _run_sim(cfg: RunConfig, profile: Any, out_dir: Path, run_id: str) -> tuple[Any, bool]:
+    frames, timelines = [], []
+    n_runs = len(variants(cfg)) * cfg.seeds * len(cfg.routers)
+    complete = True
+    t0 = time.perf_counter()
+    write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=False)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err_console, transient=True)
+    with progress:
+        overall = progress.add_task("runs", total=n_runs)
+        current = progress.add_task("", total=1)
+
+        def cb(label: str, done: int, total: int) -> None:
+            if done % 200 == 0 or done == total:
+                progress.update(current, description=f"  {label}", completed=done, total=total)
+
+        try:
+            for df, tl in iter_sim_runs(cfg, profile, run_id, progress=cb):
+                frames.append(df)
+                if tl is not None:
+                    timelines.append(tl)
+                progress.advance(overall)
+        except KeyboardInterrupt:
+            complete = False
+    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg))
+    write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=complete,
+                   extra={"wall_s": round(time.perf_counter() - t0, 3), "runs_completed": len(frames)})
+    return summary, complete
+
+
+_COLUMNS = [
+    ("mean_e2e_s", "mean E2E (s)"), ("improvement_vs_round_robin_pct", "vs RR (%)"),
+    ("p50_e2e_s", "p50 E2E"), ("p99_e2e_s", "p99 E2E"), ("mean_ttft_s", "TTFT"),
+    ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"), ("mean_router_wait_s", "router wait"),
+    ("preemptions", "preempt."), ("throughput_tokens_per_s", "tok/s"), ("completed", "done"),
+    ("failed", "failed"),
+]
+_LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", "lag p99 (ms)"),
+                 ("achieved_rate_per_s", "achieved/s"), ("requested_rate_per_s", "requested/s")]
+
+
+def _fmt(col: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if col.startswith("dispatch_lag"):
+        return f"{v * 1000:.2f}"
+    if col == "improvement_vs_round_robin_pct":
+        return f"{v:+.2f}"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, complete: bool) -> None:
+    if fmt == "json":
+        click.echo(to_json(summary))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    keys = [k for k in group_keys(cfg) if k != "router"]
+    cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
+    title = (f"{cfg.profile} x{cfg.instances}, {cfg.trace or cfg.workload}, "
+             f"{cfg.rate_per_s or 'trace'} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
+    table = Table(title=title + ("" if complete else "  [INCOMPLETE]"))
+    for k in keys:
+        table.add_column(k)
+    table.add_column("router")
+    for _, label in cols:
+        table.add_column(label, justify="right")
+    for row in summary.to_dicts():
+        e2e = _fmt("mean_e2e_s", row["mean_e2e_s"])
+        if row.get("seeds", 1) > 1 and row.get("mean_e2e_std_s") is not None:
+            e2e += f" ± {row['mean_e2e_std_s']:.1f}"
+        cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
+        table.add_row(*[str(row[k]) for k in keys], row["router"], *cells)
+    console.print(table)
+    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
+
+
+def _add_optional_commands() -> None:
+    for mod, names in (("lbbench.cli_trace", ("trace",)), ("lbbench.cli_predict", ("predictor",)),
+                       ("lbbench.cli_report", ("report", "compare")), ("lbbench.cli_live", ("launch", "serve_sim")),
+                       ("lbbench.cli_train", ("train",))):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name == mod:
+                continue
+            raise
+        for name in names:
+            cmd = getattr(m, name, None) or getattr(m, f"{name}_cmd", None)
+            if isinstance(cmd, click.Command):
+                main.add_command(cmd)
+
+
+_add_optional_commands()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
