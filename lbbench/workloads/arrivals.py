@@ -43,8 +43,9 @@ def interarrival_gaps(n: int, rate_per_s: float, rng: np.random.Generator,
 def arrival_times(n: int, rate_per_s: float, rng: np.random.Generator,
                   burstiness: float = 1.0) -> np.ndarray:
     """Sorted arrival times (seconds) of ``n`` requests, the first at 0."""
+    check_rate(n, rate_per_s, burstiness)
     gaps = interarrival_gaps(max(n - 1, 0), rate_per_s, rng, burstiness)
-    out = np.zeros(n, dtype=np.float64)
+    out = np.zeros(int(n), dtype=np.float64)
     if n > 1:
         np.cumsum(gaps, out=out[1:])
     return out

@@ -11,14 +11,16 @@ from hypothesis import strategies as st
 
 from lbbench.workloads import PAPER_TASKS, check_paper_mix_fit, paper_mix
 from lbbench.workloads.lengths import HurdleLength, LognormalLength
-from lbbench.workloads.paper_mix import HEAVY_DECODE_TOKENS, MAX_PROMPT_TOKENS, task_lengths
+from lbbench.workloads.paper_mix import HEAVY_DECODE_TOKENS, MAX_PROMPT_TOKENS, format_fit_check, task_lengths
 from lbbench.workloads.errors import WorkloadError
 
 TASK_NAMES = {t.name for t in PAPER_TASKS}
 
 
 def test_fit_matches_table1_over_200k_draws():
-    for c in check_paper_mix_fit(num_samples=200_000, seed=0):
+    checks = check_paper_mix_fit(num_samples=200_000, seed=0)
+    print(format_fit_check(checks))  # shown with pytest -s
+    for c in checks:
         assert c.output_rel_error < 0.015, c
         assert c.prompt_rel_error < 0.015, c
         assert c.heavy_abs_error < 0.005, c
