@@ -44,27 +44,27 @@ def header(col: str) -> str:
     return HEADERS.get(col, col.replace("_", " "))
 
 
-def _decimals(values: Sequence[float]) -> int:
-    finite = [abs(v) for v in values if v is not None and math.isfinite(v)]
-    top = max(finite, default=0.0)
-    if top >= 100:
-        return 1
-    if top >= 1:
+def _decimals(v: float) -> int:
+    """Decimals that keep about three significant digits of ``v`` (at least one)."""
+    a = abs(v)
+    if a == 0 or a >= 100:
+        return 1 if a else 2
+    if a >= 1:
         return 2
-    if top >= 0.01:
+    if a >= 0.01:
         return 3
-    if top >= 0.0001:
-        return 5
-    return 7
+    return 6
 
 
-def _fmt(v: Any, decimals: int, signed: bool = False) -> str:
+def _fmt(v: Any, decimals: int | None = None, signed: bool = False) -> str:
+    """One cell; floats get ``decimals`` or, when None, digits chosen from their size."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "–"
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, float):
-        return f"{v:+.{decimals}f}" if signed else f"{v:.{decimals}f}"
+        d = _decimals(v) if decimals is None else decimals
+        return f"{v:+.{d}f}" if signed else f"{v:.{d}f}"
     return str(v)
 
 
@@ -72,8 +72,7 @@ def display(table: Table) -> tuple[list[str], list[list[str]]]:
     """Headers and string cells of a table as people read it."""
     df = table.df
     cols = list(df.columns)
-    dec = {c: (1 if c.endswith("_pct") else _decimals(df[c].to_list()))
-           for c in cols if df.schema[c] in (pl.Float64, pl.Float32)}
+    dec = {c: 1 for c in cols if c.endswith("_pct")}
     skip = {"mean_e2e_std_s", "ci_low_pct", "ci_high_pct"}
     out_cols = [c for c in cols if c not in skip]
     rows = []
@@ -82,7 +81,7 @@ def display(table: Table) -> tuple[list[str], list[list[str]]]:
         for c in out_cols:
             v = r[c]
             if c == "mean_e2e_s" and "mean_e2e_std_s" in r:
-                d = dec[c]
+                d = _decimals(v) if v is not None else 2
                 cells.append(f"{_fmt(v, d)} ± {_fmt(r['mean_e2e_std_s'], d)}")
             elif c == "improvement_pct" and "ci_low_pct" in r:
                 s = _fmt(v, 1, signed=True)
@@ -90,9 +89,9 @@ def display(table: Table) -> tuple[list[str], list[list[str]]]:
                     s += f" [{r['ci_low_pct']:+.1f}, {r['ci_high_pct']:+.1f}]"
                 cells.append(s)
             elif c == "diff_vs_baseline_s" or c.endswith("improvement_pct"):
-                cells.append(_fmt(v, dec.get(c, 1), signed=True))
+                cells.append(_fmt(v, dec.get(c), signed=True))
             else:
-                cells.append(_fmt(v, dec.get(c, 0)))
+                cells.append(_fmt(v, dec.get(c)))
         rows.append(cells)
     return [header(c) for c in out_cols], rows
 

@@ -11,14 +11,24 @@ seeds, as in ``summary.summarize``.
 - **Unpaired** (no shared seed): each side is resampled on its own; the change is
   ``100 * (candidate - baseline) / baseline`` of the seed-averaged statistics.
 
-Resampling is hierarchical: seeds with replacement, then requests within each seed. The
-interval is the percentile interval of ``num_resamples`` bootstrap replicates.
+Resampling is hierarchical: seeds with replacement, then requests within each seed. Within a
+seed, requests are resampled in contiguous blocks of about sqrt(n) requests in arrival order
+(circular block bootstrap), because latencies of neighbouring requests are correlated
+(they queue behind the same bursts); resampling single requests would make the interval
+too narrow. The interval is the percentile interval of ``num_resamples`` replicates.
+
+With few seeds the seed level of a bootstrap is crude. So for *unpaired* comparisons with
+at least two seeds on each side, the reported interval is the wider of the bootstrap
+interval and a Welch t interval over the per-seed values: a regression gate should not
+fail on the seed-to-seed spread of two independent samples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Mapping
+
+import math
 
 import numpy as np
 
@@ -85,10 +95,19 @@ def _boot_stat(arrays: list[np.ndarray], stat: Stat, num: int,
     chunk = max(1, _CELLS_PER_CHUNK // max(n, 1))
     for start in range(0, num, chunk):
         stop = min(num, start + chunk)
-        idx = rng.integers(0, n, size=(stop - start, n))
+        idx = block_indices(n, stop - start, rng)
         for o, a in zip(out, arrays):
             o[start:stop] = stat(a[idx], axis=1)
     return out
+
+
+def block_indices(n: int, num: int, rng: np.random.Generator, block: int | None = None) -> np.ndarray:
+    """``num`` circular-block-bootstrap index rows of length ``n`` (blocks of ~sqrt(n))."""
+    block = max(1, int(round(math.sqrt(n)))) if block is None else max(1, block)
+    num_blocks = -(-n // block)
+    starts = rng.integers(0, n, size=(num, num_blocks, 1))
+    idx = (starts + np.arange(block)) % n
+    return idx.reshape(num, num_blocks * block)[:, :n]
 
 
 def _percentile_ci(boot: np.ndarray, level: float) -> tuple[float, float]:
@@ -141,14 +160,55 @@ def bootstrap_change(base: Side, cand: Side, stat: Stat = MEAN, num_resamples: i
     vb, bb = side_boot(base)
     vc, bc = side_boot(cand)
     lo, hi = _percentile_ci(100.0 * (bc - bb) / bb, level)
+    b_seed = [float(stat(base.values[s])) * base.scale_of(s) for s in base.seeds()]
+    c_seed = [float(stat(cand.values[s])) * cand.scale_of(s) for s in cand.seeds()]
+    if len(b_seed) >= 2 and len(c_seed) >= 2:
+        w_lo, w_hi = welch_change_ci(b_seed, c_seed, level)
+        lo, hi = min(lo, w_lo), max(hi, w_hi)
     return Change(vb, vc, 100.0 * (vc - vb) / vb, lo, hi, False,
                   min(len(base.seeds()), len(cand.seeds())))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Quantile of Student's t with ``df`` degrees of freedom (numeric; no SciPy needed)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError("p must be in (0, 1)")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:  # 0.5 + integral of the density over [0, x]
+        grid = np.linspace(0.0, x, 4001)
+        dens = np.exp(log_c - (df + 1) / 2 * np.log1p(grid * grid / df))
+        return 0.5 + float(np.sum((dens[1:] + dens[:-1]) * np.diff(grid)) / 2)
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def welch_change_ci(base: list[float], cand: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Welch t interval of ``100 * (mean(cand) - mean(base)) / mean(base)`` from per-seed values."""
+    b, c = np.asarray(base, float), np.asarray(cand, float)
+    vb, vc = b.var(ddof=1) / len(b), c.var(ddof=1) / len(c)
+    se = math.sqrt(vb + vc)
+    mb = float(b.mean())
+    diff = float(c.mean()) - mb
+    if se == 0:
+        return 100.0 * diff / mb, 100.0 * diff / mb
+    df = (vb + vc) ** 2 / (vb ** 2 / (len(b) - 1) + vc ** 2 / (len(c) - 1))
+    t = t_quantile(0.5 + level / 2, df)
+    return 100.0 * (diff - t * se) / mb, 100.0 * (diff + t * se) / mb
 
 
 def side_from_rows(seeds: np.ndarray, ids: np.ndarray, values: np.ndarray,
                    scale: Callable[[int], float] | None = None) -> Side:
     """Group flat (seed, request_id, value) arrays into a ``Side``."""
-    order = np.argsort(seeds, kind="stable")
+    order = np.lexsort((ids, seeds))  # by seed, then request id (arrival order)
     seeds, ids, values = seeds[order], ids[order], values[order]
     uniq, starts = np.unique(seeds, return_index=True)
     bounds = list(starts) + [len(seeds)]
