@@ -196,10 +196,13 @@ def git_revision() -> str | None:
 
 
 def versions() -> dict[str, str]:
-    import click
-    import numpy
-    out = {"lbbench": __version__, "python": platform.python_version(), "polars": pl.__version__,
-           "numpy": numpy.__version__, "click": click.__version__}
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"lbbench": __version__, "python": platform.python_version()}
+    for dist in ("polars", "numpy", "click", "rich", "aiohttp"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            pass
     return out
 
 

@@ -10,8 +10,12 @@ converted to tokens as
 Lengths are drawn uniformly on either side of a threshold ``T``: light in
 ``[ceil(T / 10), T - 1]``, heavy in ``[T, 2 T]``, so the classes are well apart
 but not degenerate. A heavy prompt is capped so that it still fits the
-profile's context with the longest heavy decode (``max_model_len - 2 D``);
-a profile whose context cannot hold a heavy prompt at all is an error.
+profile's context with the longest heavy decode (``max_model_len - 2 D``).
+When the context cannot hold a 0.5 s prompt at all (the V100 profile: 0.5 s is
+1563 prompt tokens, but its KV cache holds 1536 tokens in all), the heavy-prompt
+threshold becomes half of what fits beside a heavy decode,
+``(max_model_len - 2 D) // 2``, so that heavy prompts are still the longest
+prompts the instance can take; ``class_thresholds`` reports the value used.
 
 Orders (``PAPER_CLASS_ORDERS``): ``lh_hl_random`` — half LH, half HL, shuffled;
 ``all_random`` — the four classes in equal numbers, shuffled; ``lh_then_hl`` —
@@ -41,15 +45,19 @@ def class_thresholds(profile: Profile) -> tuple[int, int]:
     """(heavy prompt tokens, heavy decode tokens) on ``profile``."""
     if profile.prefill_token_s <= 0:
         raise WorkloadError(f"profile {profile.name}: prefill_token_s must be > 0 to define a heavy prompt")
-    return (math.ceil(HEAVY_PREFILL_S / profile.prefill_token_s - 1e-9),
-            math.ceil(HEAVY_DECODE_S / profile.min_step_s - 1e-9))
+    p_thr = math.ceil(HEAVY_PREFILL_S / profile.prefill_token_s - 1e-9)
+    d_thr = math.ceil(HEAVY_DECODE_S / profile.min_step_s - 1e-9)
+    room = profile.max_model_len - 2 * d_thr
+    if p_thr > room:
+        p_thr = room // 2
+    return p_thr, d_thr
 
 
 def class_ranges(profile: Profile) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
     """Per class, the inclusive (prompt range, decode range) sampled from."""
     p_thr, d_thr = class_thresholds(profile)
     p_heavy_hi = min(2 * p_thr, profile.max_model_len - 2 * d_thr)
-    if p_heavy_hi < p_thr:
+    if p_thr < 2 or p_heavy_hi < p_thr:
         raise WorkloadError(
             f"profile {profile.name}: a heavy prompt needs >= {p_thr} tokens but max_model_len "
             f"{profile.max_model_len} leaves only {profile.max_model_len - 2 * d_thr} beside a heavy decode")

@@ -1,0 +1,101 @@
+"""`lbbench run` end to end through the CLI."""
+
+import json
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from lbbench.cli import main
+
+KEYS = {"router", "seeds", "mean_e2e_s", "mean_e2e_std_s", "improvement_vs_round_robin_pct", "p50_e2e_s",
+        "p90_e2e_s", "p99_e2e_s", "mean_ttft_s", "mean_tbt_s", "p99_tbt_s", "mean_router_wait_s",
+        "preemptions", "throughput_tokens_per_s", "completed"}
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def test_run_json_has_the_documented_keys_and_writes_the_run_dir(tmp_path):
+    out = tmp_path / "run"
+    res = invoke("run", "--router", "round_robin,jsq", "--requests", "200", "--seeds", "2", "--rate", "10",
+                 "--out", str(out), "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["router"] for r in rows] == ["round_robin", "jsq"]
+    for r in rows:
+        assert KEYS <= set(r)
+        assert r["seeds"] == 2 and r["completed"] + r.get("failed", 0) == 400
+    assert rows[0]["improvement_vs_round_robin_pct"] == 0
+    df = pl.read_parquet(out / "requests.parquet")
+    assert df.height == 800 and set(df["router"].unique()) == {"round_robin", "jsq"}
+    assert {"profile", "workload", "num_instances", "backend"} <= set(df.columns)
+    assert (out / "summary.parquet").exists() and "complete = true" in (out / "run.toml").read_text()
+    assert (out / "timeline.parquet").exists()
+
+
+def test_paired_seeds_give_every_router_the_same_arrivals(tmp_path):
+    res = invoke("run", "--router", "round_robin,random", "--requests", "100", "--out", str(tmp_path / "r"),
+                 "--format", "json")
+    assert res.exit_code == 0
+    df = pl.read_parquet(tmp_path / "r" / "requests.parquet").sort("request_id")
+    a = df.filter(pl.col("router") == "round_robin")
+    b = df.filter(pl.col("router") == "random")
+    assert a["arrival_s"].to_list() == b["arrival_s"].to_list()
+    assert a["output_tokens"].to_list() == b["output_tokens"].to_list()
+
+
+def test_same_seed_same_records(tmp_path):
+    for d in ("a", "b"):
+        assert invoke("run", "--router", "jsq", "--requests", "150", "--out", str(tmp_path / d)).exit_code == 0
+    a = pl.read_parquet(tmp_path / "a" / "requests.parquet").drop("run_id")
+    b = pl.read_parquet(tmp_path / "b" / "requests.parquet").drop("run_id")
+    assert a.equals(b)
+
+
+def test_paper_classes_rows_carry_the_order(tmp_path):
+    res = invoke("run", "--instances", "2", "--workload", "paper-classes", "--requests", "120",
+                 "--router", "round_robin,dedicated_small_large", "--instance-scheduler", "fcfs,least_work_left",
+                 "--out", str(tmp_path / "c"), "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["order"] for r in rows} == {"lh_hl_random", "all_random", "lh_then_hl", "hl_then_lh"}
+    assert len(rows) == 4 * 2 * 2
+    res = invoke("run", "--instances", "2", "--workload", "paper-classes", "--requests", "60",
+                 "--order", "lh_then_hl", "--out", str(tmp_path / "d"), "--format", "json")
+    assert {r["order"] for r in json.loads(res.stdout)} == {"lh_then_hl"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--router", "nope"], "--router"),
+    (["--profile", "nope"], "--profile"),
+    (["--instance-scheduler", "lifo"], "--instance-scheduler"),
+    (["--order", "lh_then_hl"], "--order"),
+    (["--trace", "/nonexistent/trace.csv"], "--trace"),
+    (["--predictor", "psychic"], "--predictor"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    res = CliRunner().invoke(main, ["run", "--requests", "10", "--out", str(tmp_path / "x"), *args])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert needle in lines[-1]
+
+
+def test_trace_replay_through_the_simulator(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" +
+                     "\n".join(f"{i * 0.1},{20 + i},{10 + i}" for i in range(50)))
+    res = invoke("run", "--trace", str(trace), "--router", "round_robin,jsq", "--out", str(tmp_path / "t"),
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert all(r["completed"] == 50 for r in rows)
+
+
+def test_listing_commands():
+    res = invoke("routers", "--format", "json")
+    names = {r["name"] for r in json.loads(res.stdout)}
+    assert {"round_robin", "jsq", "min_min", "mcu"} <= names
+    res = invoke("profiles", "--format", "json")
+    assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= {r["name"] for r in json.loads(res.stdout)}

@@ -1,0 +1,73 @@
+"""ClusterState: O(1) aggregates agree with a recount from per-request detail."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lbbench.core import (ClusterState, Dispatched, Finished, FirstToken, InstanceSpec, Preempted,
+                          StepsAdvanced, TokensGenerated, bucket_of)
+from factories import req
+
+
+def test_bucket_of():
+    assert [bucket_of(t, (256, 2048)) for t in (0, 255, 256, 2047, 2048, 10**6)] == [0, 0, 1, 1, 2, 2]
+
+
+ops = st.lists(st.tuples(st.sampled_from(["dispatch", "first", "steps", "tokens", "preempt", "finish"]),
+                         st.integers(0, 7), st.integers(0, 1), st.integers(1, 5)), max_size=80)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops)
+def test_aggregates_match_detail(ops):
+    st_ = ClusterState([InstanceSpec(), InstanceSpec()])
+    where = {}
+    t = 0.0
+    for kind, rid, inst, k in ops:
+        t += 0.01
+        if kind == "dispatch" and rid not in where:
+            st_.apply(Dispatched(req(rid, t, 10 + rid, 20 + 3 * rid), inst, t))
+            where[rid] = inst
+        elif rid in where:
+            i = where[rid]
+            if kind == "first":
+                st_.apply(FirstToken(rid, i, t))
+            elif kind == "steps":
+                st_.apply(StepsAdvanced(i, t, k))
+            elif kind == "tokens":
+                st_.apply(TokensGenerated(rid, i, t, st_.generated_tokens(rid) + k))
+            elif kind == "preempt":
+                st_.apply(Preempted(rid, i, t))
+            elif kind == "finish":
+                st_.apply(Finished(rid, i, t, 1))
+                del where[rid]
+    view = st_.view(detail=True)
+    for iv in view.instances:
+        rows = iv.outstanding
+        assert iv.num_outstanding == len(rows)
+        decoding = [r for r in rows if r.first_token_s is not None]
+        assert iv.num_decoding == len(decoding)
+        assert iv.prompt_tokens_pending == sum(r.request.prompt_tokens for r in rows if r.first_token_s is None)
+        gen = sum(r.generated_tokens for r in rows)
+        assert iv.context_tokens == sum(r.request.prompt_tokens for r in decoding) + gen
+        assert iv.predicted_tokens_remaining == sum(r.request.output_tokens for r in rows) - gen
+        ticking = [r for r in decoding]
+        if iv.min_remaining_tokens is not None:
+            assert iv.min_remaining_tokens == min(r.request.output_tokens - r.generated_tokens for r in ticking)
+        else:
+            assert not ticking
+        assert sum(iv.decode_bucket_counts) == len(rows) == sum(iv.prompt_bucket_counts)
+
+
+def test_generated_tokens_follow_the_step_clock():
+    s = ClusterState([InstanceSpec()])
+    s.apply(Dispatched(req(1, 0.0, 5, 10), 0, 0.0))
+    s.apply(StepsAdvanced(0, 0.1, 1))
+    s.apply(FirstToken(1, 0, 0.1))
+    assert s.generated_tokens(1) == 1
+    s.apply(StepsAdvanced(0, 0.2, 4))
+    assert s.generated_tokens(1) == 5
+    s.apply(Preempted(1, 0, 0.2))
+    s.apply(StepsAdvanced(0, 0.3, 3))
+    assert s.generated_tokens(1) == 5  # frozen while preempted
+    v = s.view().instances[0]
+    assert v.num_prefilling == 1 and v.prompt_tokens_pending == 5
