@@ -20,6 +20,7 @@ counted — and sorts by arrival (stable). ``trace_transform`` and
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -113,8 +114,8 @@ def _read_raw(p: Path, kind: str, used: list[str], m: TraceMapping,
             raw = pl.read_parquet(p, columns=used)
         elif kind == "csv":
             hashes = {m.hashes} if m.hashes else set()
-            raw = pl.read_csv(p, columns=used, infer_schema=False, encoding="utf8-lossy",
-                              truncate_ragged_lines=True)
+            raw = pl.read_csv(p, infer_schema=False, encoding="utf8-lossy", truncate_ragged_lines=True)
+            raw = raw.rename({c: c.strip() for c in raw.columns}).select(used)
             raw = raw.with_columns(pl.col(c).str.strip_chars() for c in used if c not in hashes)
         else:
             return _read_jsonl(p, used, m, skip_bad_rows)
@@ -189,14 +190,27 @@ def _numeric(col: str, dtype: pl.DataType) -> tuple[pl.Expr, pl.Expr]:
     return val, code
 
 
-def _datetime_ns(col: str, dtype: pl.DataType) -> tuple[pl.Expr, pl.Expr]:
-    """(nanoseconds since the epoch as Int64, problem code) for a date-time field."""
+_TZ_SUFFIX = r"(?:Z|[+-]\d\d:?\d\d| UTC)$"
+
+
+def _datetime_ns(col: str, dtype: pl.DataType, sample: str | None) -> tuple[pl.Expr, pl.Expr]:
+    """(nanoseconds since the epoch as Int64, problem code) for a date-time field.
+
+    Strings are ``YYYY-MM-DD HH:MM:SS[.fraction]`` (any number of fractional
+    digits up to 9); an ISO ``T`` separator and a UTC offset suffix are accepted
+    when the first value has them (checked once, to keep large files fast).
+    """
     src = pl.col(col)
     if isinstance(dtype, pl.Datetime):
         ns = src.dt.cast_time_unit("ns").dt.replace_time_zone(None).cast(pl.Int64)
     elif dtype == pl.String:
-        text = src.str.replace(r"(?:Z|[+-]\d\d:?\d\d| UTC)$", "").str.replace("T", " ", literal=True)
-        ns = text.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False).cast(pl.Int64)
+        text = src
+        if sample is not None and re.search(_TZ_SUFFIX, sample):
+            text = text.str.replace(_TZ_SUFFIX, "")
+        if sample is not None and "T" in sample:
+            text = text.str.replace("T", " ", literal=True)
+        ns = text.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False, cache=False
+                                  ).cast(pl.Int64)
     else:
         ns = pl.lit(None, dtype=pl.Int64)
     code = pl.when(src.is_null()).then(_MISSING).when(ns.is_null()).then(_NOT_TIME).otherwise(_OK)
@@ -220,7 +234,9 @@ def _canonical(raw: pl.DataFrame, m: TraceMapping, p: Path, skip_bad_rows: bool)
     schema = raw.schema
     unit = _arrival_unit(raw, m)
     if unit == "datetime":
-        t_val, t_code = _datetime_ns(m.arrival, schema[m.arrival])
+        first = raw.get_column(m.arrival).drop_nulls().head(1).to_list()
+        sample = first[0] if first and isinstance(first[0], str) else None
+        t_val, t_code = _datetime_ns(m.arrival, schema[m.arrival], sample)
     else:
         t_val, t_code = _numeric(m.arrival, schema[m.arrival])
         t_val = t_val * TIME_UNITS[unit]

@@ -206,3 +206,13 @@ def test_canonical_parquet_round_trip(tmp_path, data):
     assert [r.request_id for r in reqs] == list(range(len(reqs)))
     assert len(reqs) == int((~expect.get_column("failed")).sum())
     assert all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
+
+
+def test_crlf_and_padded_header(tmp_path):
+    text = ("Timestamp, Model, Request tokens, Response tokens, Total tokens, Log Type\r\n"
+            "5, ChatGPT, 472, 18, 490, Conversation log\r\n"
+            "45, GPT-4, 1087, 0, 1087, API log\r\n")
+    tf = read_trace(write(tmp_path, "b.csv", text))
+    assert tf.format == "burstgpt"
+    assert tf.frame.get_column("task").to_list() == ["ChatGPT", "GPT-4"]
+    assert tf.frame.get_column("failed").to_list() == [False, True]
