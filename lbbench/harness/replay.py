@@ -127,6 +127,8 @@ class ReplayResult:
     duration_s: float = 0.0
     endpoints: list[str] = field(default_factory=list)
     model: str = ""
+    #: ``time.monotonic()`` at the run clock's zero (to line up outside events)
+    clock_origin_s: float = 0.0
 
 
 class _Replay:
@@ -201,7 +203,7 @@ class _Replay:
         return ReplayResult(records=self.records, metrics=metrics, complete=complete,
                             token_times=self.token_times, interrupted=self.interrupted,
                             duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
-                            model=self.model)
+                            model=self.model, clock_origin_s=self.t0)
 
     def request_stop(self, why: str) -> None:
         if self.interrupted is None:
@@ -379,14 +381,13 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                health_interval_s: float = 0.5, stall_timeout_s: float = 30.0) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
+    Every endpoint is checked first (``EndpointError`` if one does not answer).
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
     ``complete=False`` (handled only when called from the main thread).
     """
-    urls = [normalize_endpoint(e) for e in endpoints]
-    if not urls:
-        raise EndpointError("--endpoint: no endpoints given")
+    urls = check_endpoints(endpoints)
     if specs is None:
         specs = [InstanceSpec() for _ in urls]
     if len(specs) != len(urls):

@@ -1,0 +1,119 @@
+"""Live-cluster commands: ``lbbench launch`` (local vLLM servers) and
+``lbbench serve-sim`` (emulated instances timed by the simulator).
+
+Both print one endpoint URL per line once the servers are up and run until
+Ctrl-C or SIGTERM, then stop every server they started. ``--endpoints-file``
+writes the URLs for ``lbbench run --endpoints FILE``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import click
+
+
+def _write_endpoints(path: str | None, urls: list[str]) -> None:
+    if path:
+        Path(path).write_text("".join(u + "\n" for u in urls))
+
+
+def _announce(urls: list[str], what: str, endpoints_file: str | None) -> None:
+    _write_endpoints(endpoints_file, urls)
+    click.echo(f"{len(urls)} {what} ready (Ctrl-C to stop):", err=True)
+    for u in urls:
+        click.echo(u)
+
+
+@click.command("launch", context_settings={"ignore_unknown_options": False})
+@click.argument("model")
+@click.option("--instances", type=click.IntRange(min=1), default=None,
+              help="Servers to start (default: one per visible GPU, 1 without GPUs).")
+@click.option("--chunked-prefill", type=click.Choice(["on", "off", "default"]), default="default",
+              show_default=True, help="vLLM chunked prefill.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None, help="vLLM --max-num-seqs.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
+              help="vLLM --max-num-batched-tokens.")
+@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False),
+              help="Python of the vLLM environment (default: `vllm` on the PATH, else .venv-vllm).")
+@click.option("--port-base", type=click.IntRange(1, 65535), default=8100, show_default=True,
+              help="Port of the first server; the others follow.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/launch-logs", show_default=True,
+              help="Where each server's log is kept.")
+@click.option("--health-timeout", "health_timeout_s", type=click.FloatRange(min=1), default=600.0,
+              show_default=True, help="Seconds to wait for every /health.")
+@click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),
+              help="Also write the endpoint URLs to this file.")
+@click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
+def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_seqs: int | None,
+               max_num_batched_tokens: int | None, vllm_python: str | None, port_base: int, log_dir: str,
+               health_timeout_s: float, endpoints_file: str | None, extra_args: tuple[str, ...]) -> None:
+    """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
+    and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
+    from .harness.launcher import launch
+
+    cp = {"on": True, "off": False, "default": None}[chunked_prefill]
+    try:
+        with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),
+                    vllm_python=vllm_python, log_dir=log_dir, port_base=port_base,
+                    health_timeout_s=health_timeout_s) as urls:
+            _announce(urls, "vLLM server(s)", endpoints_file)
+            click.echo(f"logs in {log_dir}", err=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    click.echo("servers stopped", err=True)
+
+
+@click.command("serve-sim")
+@click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Emulated instances to serve.")
+@click.option("--profile", default="llama3.1-8b-a100", show_default=True,
+              help="Profile name or .toml path timing each instance (`zero`: steps of 1 us, for "
+                   "client benchmarks).")
+@click.option("--port", "port_base", type=click.IntRange(1, 65535), default=8200, show_default=True,
+              help="Port of the first instance; the others follow.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--model-name", default=None, help="Served model name (default: the profile's model).")
+@click.option("--instance-scheduler", type=click.Choice(["fcfs", "bin_packing", "least_work_left"]),
+              default="fcfs", show_default=True, help="Scheduler inside each instance.")
+@click.option("--chunked-prefill", type=click.Choice(["on", "off", "profile"]), default="profile",
+              show_default=True, help="Chunked prefill (default: as the profile says).")
+@click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),
+              help="Also write the endpoint URLs to this file.")
+def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model_name: str | None,
+                  instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None) -> None:
+    """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator."""
+    from .harness.emulator import FleetConfig, resolve_profile, serve_forever
+
+    prof = resolve_profile(profile)
+    cfg = FleetConfig(prof, instances, host=host, port_base=port_base, model=model_name,
+                      scheduler=instance_scheduler,
+                      chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill])
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await serve_forever(cfg, on_ready=lambda urls: _announce(
+                urls, f"emulated instance(s) of {prof.name}", endpoints_file))
+        except OSError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--port: "), param_hint="--port") from None
+
+    try:
+        asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        pass
+    click.echo("stopped", err=True)
+
+
+# names the main CLI looks up
+launch = launch_cmd
+serve_sim = serve_sim_cmd

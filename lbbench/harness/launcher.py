@@ -1,0 +1,314 @@
+"""Launching local vLLM servers for a live run, and always tearing them down.
+
+``launch(model, instances, ...)`` is a context manager that yields the
+endpoints of running, healthy servers:
+
+- with GPUs (``nvidia-smi`` works): one ``vllm serve`` per visible GPU
+  (``CUDA_VISIBLE_DEVICES`` narrows the set), each pinned to its GPU;
+- without GPUs: N instances of the vLLM CPU build, the machine's cores split
+  between them (``VLLM_CPU_OMP_THREADS_BIND``), eager mode.
+
+The server command is ``vllm serve`` when a ``vllm`` on the PATH runs, else
+``python -m vllm.entrypoints.openai.api_server`` with the Python of
+``--vllm-python`` or of the project's ``.venv-vllm`` (``make vllm-env``).
+``model == "tiny"`` serves the tiny random-weight Llama of
+``lbbench.harness.tiny_model`` (created once, cached).
+
+Every server runs in its own process group with its log in ``log_dir``. The
+context manager waits for each ``/health`` (failing early, with the log's
+tail, if a server exits) and on leaving — normally, by an exception, Ctrl-C or
+SIGTERM — sends SIGTERM to every group, then SIGKILL to whatever is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from .tiny_model import TINY_NAME
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class LaunchError(RuntimeError):
+    """A server could not be started (the message says which and why)."""
+
+
+@dataclass
+class Server:
+    index: int
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    command: list[str]
+    env: dict[str, str]
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this process may use: ``CUDA_VISIBLE_DEVICES`` or every GPU ``nvidia-smi`` lists."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if out.returncode != 0:
+        return []
+    n = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+        return ids
+    return [str(i) for i in range(n)]
+
+
+def split_cores(cores: Sequence[int], instances: int) -> list[str]:
+    """Split ``cores`` into ``instances`` contiguous groups (``"0-3"``, ``"4"``);
+    with fewer cores than instances, instances share cores round robin."""
+    cores = sorted(cores)
+    if not cores:
+        raise LaunchError("no CPU cores available")
+    if instances <= 0:
+        raise LaunchError("--instances must be >= 1")
+    if len(cores) < instances:
+        return [str(cores[i % len(cores)]) for i in range(instances)]
+    out = []
+    per, extra = divmod(len(cores), instances)
+    start = 0
+    for i in range(instances):
+        size = per + (1 if i < extra else 0)
+        group = cores[start:start + size]
+        start += size
+        out.append(",".join(str(c) for c in group) if group != list(range(group[0], group[-1] + 1))
+                   else (str(group[0]) if len(group) == 1 else f"{group[0]}-{group[-1]}"))
+    return out
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def find_vllm_python(vllm_python: str | None = None) -> str | None:
+    """The Python that runs vLLM: ``vllm_python``, ``$LBBENCH_VLLM_PYTHON``, or
+    ``.venv-vllm`` in the working directory or the source tree; None if none exists."""
+    if vllm_python:
+        if not (Path(vllm_python).is_file() and os.access(vllm_python, os.X_OK)):
+            raise LaunchError(f"--vllm-python: not an executable file: {vllm_python}")
+        return vllm_python
+    env = os.environ.get("LBBENCH_VLLM_PYTHON")
+    if env:
+        return env
+    for base in (Path.cwd(), _repo_root()):
+        p = base / ".venv-vllm" / "bin" / "python"
+        if p.is_file():
+            return str(p)
+    return None
+
+
+def _vllm_on_path() -> str | None:
+    exe = shutil.which("vllm")
+    if exe is None:
+        return None
+    try:
+        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return exe if ok else None
+
+
+def base_command(vllm_python: str | None = None) -> list[str]:
+    """``[vllm, serve]`` or ``[python, -m, api_server]``; the model path follows."""
+    py = find_vllm_python(vllm_python)
+    if vllm_python is None:
+        exe = _vllm_on_path()
+        if exe is not None:
+            return [exe, "serve"]
+    if py is None:
+        raise LaunchError("no vLLM found: no working `vllm` on the PATH and no .venv-vllm "
+                          "(run `make vllm-env`, or pass --vllm-python PATH)")
+    return [py, "-m", API_SERVER_MODULE]
+
+
+def resolve_model(model: str, vllm_python: str | None) -> tuple[str, str]:
+    """(path or hub id to serve, served model name). ``tiny`` is created on first use."""
+    if model != TINY_NAME:
+        return model, model
+    try:
+        from .tiny_model import ensure_tiny_model
+        return str(ensure_tiny_model()), TINY_NAME
+    except ImportError:
+        # this environment lacks transformers: let the vLLM environment build it
+        from . import tiny_model
+        py = find_vllm_python(vllm_python)
+        if py is None:
+            raise LaunchError("--launch tiny: needs transformers here or a vLLM environment") from None
+        out = subprocess.run([py, tiny_model.__file__, str(tiny_model.cache_dir())],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise LaunchError(f"--launch tiny: could not create the tiny model: {out.stderr[-500:]}")
+        return out.stdout.strip().splitlines()[-1], TINY_NAME
+
+
+def server_args(model_path: str, served_name: str, port: int, *, chunked_prefill: bool | None,
+                max_num_seqs: int | None, max_num_batched_tokens: int | None, cpu: bool,
+                extra_args: Sequence[str] = ()) -> list[str]:
+    args = ["--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name]
+    if chunked_prefill is not None:
+        args.append("--enable-chunked-prefill" if chunked_prefill else "--no-enable-chunked-prefill")
+    if max_num_seqs is not None:
+        args += ["--max-num-seqs", str(max_num_seqs)]
+    if max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if cpu and "--enforce-eager" not in extra_args:
+        args.append("--enforce-eager")
+    if served_name == TINY_NAME and not any(a.startswith("--max-model-len") for a in extra_args):
+        args += ["--max-model-len", "4096"]
+    return args + list(extra_args)
+
+
+def _health_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_servers(servers: Sequence[Server], grace_s: float = 15.0) -> None:
+    """SIGTERM every server's process group, wait up to ``grace_s``, then SIGKILL."""
+    for s in servers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(s.process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for s in servers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            s.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    # the leader may be gone while its children linger in the group
+    while time.monotonic() < deadline and any(_group_alive(s.process.pid) for s in servers):
+        time.sleep(0.1)
+    for s in servers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(s.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            s.process.wait(timeout=5)
+
+
+@contextlib.contextmanager
+def _terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit in the main thread, so ``finally`` blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | None = None,
+           max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+           extra_args: Sequence[str] = (), vllm_python: str | None = None,
+           log_dir: str | Path = "logs", port_base: int = 8100, health_timeout_s: float = 600.0,
+           command: Sequence[str] | None = None, stop_grace_s: float = 15.0) -> Iterator[list[str]]:
+    """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
+
+    ``instances`` defaults to the number of visible GPUs (1 without GPUs).
+    ``command`` replaces the server command prefix (tests use a stand-in server);
+    ``stop_grace_s`` is how long servers get between SIGTERM and SIGKILL.
+    """
+    gpus = visible_gpus()
+    if instances is None:
+        instances = max(1, len(gpus))
+    if instances < 1:
+        raise LaunchError("--instances must be >= 1")
+    if gpus and instances > len(gpus):
+        raise LaunchError(f"--instances {instances}: only {len(gpus)} GPU(s) visible "
+                          f"({','.join(gpus)})")
+    cpu = not gpus
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    prefix = list(command) if command is not None else base_command(vllm_python)
+    model_path, served_name = resolve_model(model, vllm_python)
+    cores = split_cores(sorted(os.sched_getaffinity(0)), instances) if cpu else []
+    servers: list[Server] = []
+    with _terminate_on_sigterm():
+        try:
+            for i in range(instances):
+                port = port_base + i
+                env = dict(os.environ)
+                env.setdefault("HF_HUB_OFFLINE", "1")
+                env.setdefault("VLLM_NO_USAGE_STATS", "1")
+                if cpu:
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = cores[i]
+                    if served_name == TINY_NAME:
+                        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+                else:
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+                cmd = prefix + server_args(model_path, served_name, port, chunked_prefill=chunked_prefill,
+                                           max_num_seqs=max_num_seqs,
+                                           max_num_batched_tokens=max_num_batched_tokens, cpu=cpu,
+                                           extra_args=extra_args)
+                log_path = log_dir / f"server-{i}.log"
+                with open(log_path, "ab") as log:
+                    log.write(f"$ {' '.join(cmd)}\n".encode())
+                    log.flush()
+                    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True)
+                servers.append(Server(i, f"http://127.0.0.1:{port}", proc, log_path, cmd, env))
+            _wait_healthy(servers, health_timeout_s)
+            yield [s.url for s in servers]
+        finally:
+            stop_servers(servers, stop_grace_s)
+
+
+def _wait_healthy(servers: Sequence[Server], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = list(servers)
+    while pending:
+        for s in list(pending):
+            code = s.process.poll()
+            if code is not None:
+                raise LaunchError(f"server {s.index} ({s.url}) exited with code {code} before it was "
+                                  f"healthy; log {s.log_path}:\n{_tail(s.log_path)}")
+            if _health_ok(s.url):
+                pending.remove(s)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            s = pending[0]
+            raise LaunchError(f"server {s.index} ({s.url}) not healthy after {timeout_s:g}s; "
+                              f"log {s.log_path}:\n{_tail(s.log_path)}")
+        time.sleep(0.5)

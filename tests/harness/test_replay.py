@@ -1,0 +1,143 @@
+"""The HTTP path end to end: run_replay against emulated instances on free ports."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import polars as pl
+import pytest
+
+from lbbench.core import Request
+from lbbench.harness.emulator import free_port
+from lbbench.harness.replay import (PARTIAL_RECORDS, EndpointError, check_endpoints, normalize_endpoint,
+                                    run_replay)
+from lbbench.routers import get_router
+
+
+def _frame(result) -> pl.DataFrame:
+    return pl.DataFrame([r.as_dict() for r in result.records])
+
+
+def test_replay_at_80_rps_is_complete_exact_and_consistent(a100_fleet, tmp_path, make_requests):
+    reqs = make_requests(200, 80.0, seed=1)
+    router = get_router("jsq", num_instances=2, seed=0)
+    seen = []
+    res = run_replay(reqs, router, a100_fleet.endpoints, run_id="t", seed=0, out_dir=tmp_path,
+                     scrape_interval_s=0.25, progress=lambda d, t: seen.append((d, t)))
+    assert res.complete and res.interrupted is None
+    df = _frame(res)
+    assert df.height == 200 and df["request_id"].n_unique() == 200
+    assert df["error"].null_count() == 200
+    assert (df["generated_tokens"] == df["output_tokens"]).all()
+    assert (df["server_output_tokens"] == df["output_tokens"]).all()
+    assert (df["server_prompt_tokens"] == df["prompt_tokens"]).all()
+    assert (df["http_status"] == 200).all()
+    assert set(df["instance"].unique()) == {0, 1}
+    # open loop on the absolute schedule: the achieved rate is the requested one
+    span = df["actual_send_s"].max() - df["actual_send_s"].min()
+    assert (len(reqs) - 1) / span == pytest.approx(
+        (len(reqs) - 1) / (reqs[-1].arrival_s - reqs[0].arrival_s), rel=0.1)
+    lag = df["actual_send_s"] - df["planned_send_s"]
+    assert lag.min() >= 0 and lag.quantile(0.5) < 0.02
+    # jsq never defers, so nothing was held by the router
+    assert (df["planned_send_s"] == df["arrival_s"]).all()
+    for rec in res.records:
+        times = res.token_times[rec.request_id]
+        assert len(times) == rec.output_tokens
+        assert rec.first_token_s == times[0]
+        assert rec.actual_send_s <= rec.first_token_s <= rec.finish_s
+        assert rec.finish_s >= times[-1]
+        assert rec.dispatch_s >= rec.arrival_s
+        if rec.output_tokens > 1:
+            gaps = np.diff(times)
+            assert rec.tbt_mean_s == pytest.approx(gaps.mean())
+            assert rec.tbt_max_s == pytest.approx(gaps.max())
+    # the records were appended as the requests finished
+    lines = (tmp_path / PARTIAL_RECORDS).read_text().splitlines()
+    assert sorted(json.loads(x)["request_id"] for x in lines) == list(range(200))
+    # metrics timeline from /metrics
+    m = res.metrics
+    assert m.columns == ["time_s", "instance", "num_running", "num_waiting", "kv_usage", "num_preemptions"]
+    assert m.height >= 2 and set(m["instance"].unique()) == {0, 1}
+    assert m["num_running"].max() > 0
+    assert seen[-1] == (200, 200)
+
+
+def test_emulated_timings_follow_the_profile(a100_fleet):
+    """One request alone: TTFT is one prefill step, the gaps are decode steps."""
+    req = Request(0, 0.0, prompt_tokens=1000, output_tokens=20)
+    res = run_replay([req], get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
+                     run_id="t", seed=0, scrape_interval_s=None)
+    rec = res.records[0]
+    prefill_s = 0.0164 + 4.78e-5 * 1000
+    assert rec.first_token_s - rec.actual_send_s == pytest.approx(prefill_s, abs=0.03)
+    assert rec.tbt_mean_s == pytest.approx(0.0164 + 1.82e-5, rel=0.3)
+
+
+def test_chat_api_and_text_prompts(a100_fleet):
+    reqs = [Request(i, 0.01 * i, prompt_tokens=12, output_tokens=5, prompt="route this request " * 3)
+            for i in range(4)]
+    for api in ("chat", "completions"):
+        res = run_replay(reqs, get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
+                         run_id="t", seed=0, api=api, scrape_interval_s=None)
+        assert res.complete
+        assert all(r.error is None and r.generated_tokens == 5 for r in res.records)
+
+
+def test_killed_instance_fails_its_in_flight_requests_and_the_run_goes_on(tmp_path, make_requests):
+    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.profiles import load_profile
+
+    reqs = make_requests(240, 80.0, seed=2, output=(60, 120))
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+        killed_at = []
+
+        def kill():
+            killed_at.append(time.monotonic())
+            fleet.kill(1)
+
+        timer = threading.Timer(1.5, kill)
+        timer.start()
+        try:
+            res = run_replay(reqs, get_router("round_robin", num_instances=2, seed=0), fleet.endpoints,
+                             run_id="t", seed=0, out_dir=tmp_path, scrape_interval_s=0.5)
+        finally:
+            timer.cancel()
+    assert res.complete, "the run must complete despite the crash"
+    df = _frame(res)
+    assert df.height == 240 and df["request_id"].n_unique() == 240
+    kill_s = killed_at[0] - res.clock_origin_s
+    failed = df.filter(pl.col("error").is_not_null())
+    ok = df.filter(pl.col("error").is_null())
+    assert failed.height >= 1
+    # only the killed instance's requests failed, with a connection error
+    assert (failed["instance"] == 1).all()
+    assert failed["error"].str.contains("connection").all()
+    # the ones in flight at the crash were sent before it
+    in_flight = failed.filter(pl.col("actual_send_s") < kill_s)
+    assert in_flight.height >= 1
+    # the router stopped sending to it soon after
+    late = df.filter(pl.col("dispatch_s") > kill_s + 0.3)
+    assert late.height > 50 and (late["instance"] == 0).all()
+    # nothing else lost: every other request finished with its exact length
+    assert (ok["generated_tokens"] == ok["output_tokens"]).all()
+    assert ok.height + failed.height == 240
+
+
+def test_unreachable_endpoint_is_a_clear_error():
+    port = free_port()
+    with pytest.raises(EndpointError, match=rf"^--endpoint http://127.0.0.1:{port}: unreachable"):
+        check_endpoints([f"http://127.0.0.1:{port}"])
+    with pytest.raises(EndpointError, match="unreachable"):
+        run_replay([Request(0, 0.0, 4, 4)], get_router("round_robin", num_instances=1, seed=0),
+                   [f"127.0.0.1:{port}"], run_id="t", seed=0)
+
+
+def test_endpoint_normalization(a100_fleet):
+    url = a100_fleet.endpoints[0]
+    assert normalize_endpoint(url + "/v1/") == url
+    assert normalize_endpoint(url.removeprefix("http://")) == url
+    assert check_endpoints([url + "/v1"]) == [url]
