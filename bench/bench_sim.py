@@ -1,0 +1,52 @@
+"""Simulator speed on the paper episode: 4 x llama2-7b-v100, paper-mix, 2000 requests, 20 req/s.
+
+Prints simulated seconds per wall second (x real time) and requests per wall second,
+as medians over repeated runs of the same episode (target: >= 1000x real time on a
+2-core machine). Usage: python bench/bench_sim.py [--repeats N] [--router NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from lbbench.predict import annotate, load_predictor
+from lbbench.profiles import load_profile
+from lbbench.routers import get_router
+from lbbench.sim.cluster import ClusterSim
+from lbbench.workloads import paper_mix
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--router", default="round_robin")
+    ap.add_argument("--profile", default="llama2-7b-v100")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--rate", type=float, default=20.0)
+    args = ap.parse_args()
+    prof = load_profile(args.profile)
+    reqs = annotate(paper_mix(args.requests, args.rate, 0), load_predictor("oracle", profile=prof))
+    speed, rps, walls = [], [], []
+    for _ in range(args.repeats):
+        sim = ClusterSim(prof, args.instances, reqs)
+        router = get_router(args.router, num_instances=args.instances, seed=0, profile=prof)
+        t0 = time.perf_counter()
+        recs = sim.run(router)
+        wall = time.perf_counter() - t0
+        span = max(r.finish_s for r in recs if r.finish_s is not None) - min(r.arrival_s for r in recs)
+        walls.append(wall)
+        speed.append(span / wall)
+        rps.append(len(recs) / wall)
+    print(f"simulator: {args.instances} x {args.profile}, paper-mix, {args.requests} requests at {args.rate} req/s, "
+          f"router {args.router}, {args.repeats} repeats")
+    print(f"  simulated span      {span:10.1f} s")
+    print(f"  wall per episode    {statistics.median(walls) * 1000:10.1f} ms (median; min {min(walls) * 1000:.1f})")
+    print(f"  speed               {statistics.median(speed):10.0f} x real time (median; max {max(speed):.0f})")
+    print(f"  requests per second {statistics.median(rps):10.0f} (median)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`lbbench run` against live servers: attach (``--endpoint``) or launch (``--launch``).
+
+The workload, predictor, routers and output files are the simulator's; only the
+backend differs (``lbbench.harness.replay.run_replay`` drives the same
+dispatcher over HTTP). Each (chunked-prefill variant, seed, router) replay
+appends its finished requests to ``partial/`` as they complete, so an
+interrupted run keeps every measured request and is marked incomplete.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .experiment import (RunConfig, Variant, _frame, build_requests, group_keys, run_columns, write_outputs,
+                         write_run_toml)
+from .profiles import Profile
+
+
+def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Variant, kw: dict[str, Any],
+             out_dir: Path, run_id: str, progress: Progress, frames: list[pl.DataFrame],
+             timelines: list[pl.DataFrame]) -> bool:
+    from .core import InstanceSpec
+    from .harness.replay import run_replay
+    from .predict import annotate, load_predictor
+    from .routers import get_router
+
+    predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
+    specs = [InstanceSpec(min_step_s=profile.min_step_s) for _ in endpoints]
+    for seed in cfg.seed_list():
+        reqs = annotate(build_requests(cfg, profile, seed, variant.order), predictor)
+        for name in cfg.routers:
+            router = get_router(name, num_instances=len(endpoints), seed=seed, profile=profile,
+                                **cfg.router_options.get(name, {}))
+            chunk = "" if variant.chunked_prefill is None else f"-chunked-{'on' if variant.chunked_prefill else 'off'}"
+            label = f"{name}-seed{seed}{chunk}"
+            task = progress.add_task(f"  {label}", total=len(reqs))
+            res = run_replay(reqs, router, endpoints, model=kw.get("model"), specs=specs, run_id=run_id, seed=seed,
+                             out_dir=out_dir / "partial" / label, request_timeout_s=kw.get("request_timeout", 600.0),
+                             api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
+                             progress=lambda done, total, _t=task: progress.update(_t, completed=done))
+            progress.remove_task(task)
+            extra = run_columns(cfg, profile, variant)
+            for r in res.records:
+                r.router = name
+            frames.append(_frame(res.records, extra))
+            if res.metrics is not None and res.metrics.height:
+                timelines.append(res.metrics.with_columns(
+                    pl.lit(name).alias("router"), pl.lit(seed).alias("seed"), pl.lit(variant.order).alias("order"),
+                    pl.lit(extra["chunked_prefill"]).alias("chunked_prefill")))
+            if not res.complete:
+                return False
+    return True
+
+
+def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: list[str], out_dir: Path,
+             run_id: str, console: Console) -> tuple[pl.DataFrame, bool]:
+    from .harness.replay import check_endpoints
+
+    frames: list[pl.DataFrame] = []
+    timelines: list[pl.DataFrame] = []
+    t0 = time.perf_counter()
+    write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=False)
+    complete = True
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=True)
+    try:
+        with progress:
+            if endpoints:
+                check_endpoints(endpoints)
+                for v in [Variant(cfg.instance_schedulers[0], None, o) for o in cfg.orders]:
+                    if not _replays(cfg, profile, endpoints, v, kw, out_dir, run_id, progress, frames, timelines):
+                        complete = False
+                        break
+            else:
+                from .harness.launcher import launch
+                for chunked in cfg.chunked_prefill:
+                    tag = "default" if chunked is None else ("on" if chunked else "off")
+                    console.print(f"launching {cfg.instances} x {kw['launch_model']} (chunked prefill {tag}) ...")
+                    with launch(kw["launch_model"], cfg.instances, chunked_prefill=chunked,
+                                vllm_python=kw.get("vllm_python"),
+                                log_dir=out_dir / "logs" / f"chunked-{tag}") as eps:
+                        v = Variant(cfg.instance_schedulers[0], chunked, cfg.orders[0])
+                        if not _replays(cfg, profile, list(eps), v, kw, out_dir, run_id, progress, frames,
+                                        timelines):
+                            complete = False
+                            break
+    except KeyboardInterrupt:
+        complete = False
+    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg))
+    if timelines:
+        pl.concat(timelines, how="diagonal_relaxed").write_parquet(out_dir / "metrics.parquet")
+    write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=complete,
+                   extra={"wall_s": round(time.perf_counter() - t0, 3), "endpoints": endpoints or [],
+                          "launched_model": kw.get("launch_model") or ""})
+    return summary, complete
