@@ -40,6 +40,7 @@ word/punctuation count is used and ``token_counter_name()`` says so.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import random
 import re
@@ -319,6 +320,12 @@ def write_jsonl(examples: Iterable[Example], path: str | Path) -> None:
 
 
 # --------------------------------------------------------------------------- splitting
+
+
+def prompt_fingerprint(prompt: str) -> str:
+    """Short stable hash of a prompt (saved models list their training prompts)."""
+    return hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:16]
+
 
 
 def stratified_split(examples: Sequence[Example], scheme: BucketScheme, test_fraction: float = 0.2,

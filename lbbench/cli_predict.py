@@ -1,0 +1,175 @@
+"""``lbbench predictor``: train and evaluate output-length predictors.
+
+    lbbench predictor train --data CORPUS --kind text|metadata|task --out DIR
+    lbbench predictor eval  --model DIR --data CORPUS [--format table|json]
+
+``train`` splits the corpus (stratified by output bucket, grouped by prompt),
+fits on the training part, saves the model directory and prints the held-out
+evaluation (also saved as ``DIR/metrics.json``). ``eval`` evaluates a saved
+directory on any corpus, skipping prompts it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .predict.base import SCHEMES, PredictorSpecError, get_scheme
+from .predict.data import DataError, load_corpus, stratified_split, token_counter_name
+
+
+def _usage(exc: Exception) -> click.UsageError:
+    return click.UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def _load(data: tuple[str, ...], models: str | None, max_examples: int | None, seed: int):
+    try:
+        return load_corpus(list(data), models=[m for m in models.split(",") if m] if models else None,
+                           max_examples=max_examples, seed=seed)
+    except DataError as exc:
+        raise _usage(exc) from None
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.4f}"
+    return str(x)
+
+
+def render_table(report: dict[str, Any]) -> str:
+    lines = []
+    for k, v in report.items():
+        if k in ("per_bucket", "confusion", "bucket_labels"):
+            continue
+        lines.append(f"{k:<34} {_fmt(v)}")
+    labels = report.get("bucket_labels") or []
+    if report.get("per_bucket"):
+        lines.append("")
+        lines.append(f"{'bucket':<8}{'tokens':<14}{'support':>8}{'precision':>11}{'recall':>9}")
+        for row in report["per_bucket"]:
+            b = row["bucket"]
+            lines.append(f"{b:<8}{labels[b] if b < len(labels) else '':<14}{row['support']:>8}"
+                         f"{_fmt(row['precision']):>11}{_fmt(row['recall']):>9}")
+    if report.get("confusion"):
+        lines.append("")
+        lines.append("confusion (rows: true bucket, columns: predicted)")
+        n = len(report["confusion"])
+        lines.append("      " + "".join(f"{j:>7}" for j in range(n)))
+        for i, row in enumerate(report["confusion"]):
+            lines.append(f"{i:>6}" + "".join(f"{c:>7}" for c in row))
+    return "\n".join(lines)
+
+
+def _emit(report: dict[str, Any], fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=1))
+    else:
+        click.echo(render_table(report))
+
+
+@click.group("predictor")
+def predictor() -> None:
+    """Train and evaluate output-length predictors."""
+
+
+@predictor.command("train")
+@click.option("--data", "data", multiple=True, required=True, type=click.Path(),
+              help="corpus file or directory (repeatable); native JSONL or a known public format")
+@click.option("--kind", type=click.Choice(["text", "metadata", "task"]), default="text", show_default=True,
+              help="text: encoder -> bucket (+ task head); metadata: prompt length + task; task: task classifier")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="output directory")
+@click.option("--encoder", default=None, help="transformers model name or path (default: bundled all-MiniLM-L6-v2)")
+@click.option("--scheme", type=click.Choice(SCHEMES), default="paper", show_default=True, help="bucket scheme")
+@click.option("--profile", default=None, help="profile whose decode rate / max_model_len set the buckets")
+@click.option("--epochs", type=click.IntRange(1, 100), default=2, show_default=True)
+@click.option("--max-examples", type=click.IntRange(1), default=None, help="random subset of the corpus")
+@click.option("--models", default=None, help="keep rows whose generating model contains one of these "
+              "comma-separated substrings")
+@click.option("--test-fraction", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=0.2,
+              show_default=True)
+@click.option("--max-length", type=click.IntRange(8, 512), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--lr", type=click.FloatRange(0.0, min_open=True), default=1e-4, show_default=True)
+@click.option("--freeze-layers", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--estimator", type=click.Choice(["gbdt", "random_forest"]), default="gbdt", show_default=True,
+              help="metadata model")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_examples, models, test_fraction,
+              max_length, batch_size, lr, freeze_layers, estimator, seed, fmt) -> None:
+    """Train a predictor and print its held-out evaluation."""
+    prof = None
+    if profile:
+        from .profiles import load_profile
+
+        try:
+            prof = load_profile(profile)
+        except ValueError as exc:
+            raise _usage(exc) from None
+    bucket_scheme = get_scheme(scheme, prof)
+    corpus = _load(data, models, max_examples, seed)
+    train, test = stratified_split(corpus.examples, bucket_scheme, test_fraction, seed)
+    if not test:
+        raise click.UsageError(f"--data: too few prompts ({len(corpus.examples)} rows) for a held-out split")
+    log = lambda s: click.echo(s, err=True)  # noqa: E731
+    log(f"{len(corpus.examples)} rows from {len(corpus.files_read)} files ({len(train)} train, {len(test)} test); "
+        f"tokens counted with {token_counter_name()}; scheme {bucket_scheme.name} {bucket_scheme.labels()}")
+    if kind == "metadata":
+        from .predict.metadata import train_metadata_model
+
+        model = train_metadata_model(train, bucket_scheme, estimator=estimator, seed=seed)
+    else:
+        from .predict.text import TextTrainConfig, train_text_model
+
+        cfg = TextTrainConfig(encoder=encoder or "", objective="task" if kind == "task" else "bucket+task",
+                              max_length=max_length, epochs=epochs, batch_size=batch_size, lr=lr,
+                              freeze_layers=freeze_layers, seed=seed)
+        try:
+            model = train_text_model(train, bucket_scheme, cfg, log=log)
+        except OSError as exc:
+            raise click.BadParameter(str(exc).splitlines()[0], param_hint="--encoder") from None
+        except ValueError as exc:
+            raise _usage(exc) from None
+    model.save(out_dir)
+    log(f"trained in {model.config.train_seconds:.1f} s; saved to {out_dir}")
+    from .predict.evaluate import evaluate_dir
+
+    report = evaluate_dir(out_dir, test)
+    report["data"] = [str(p) for p in data]
+    report["token_counter"] = token_counter_name()
+    Path(out_dir, "metrics.json").write_text(json.dumps(report, indent=1))
+    _emit(report, fmt)
+
+
+@predictor.command("eval")
+@click.option("--model", "model_dir", required=True, type=click.Path(), help="saved predictor directory")
+@click.option("--data", "data", multiple=True, required=True, type=click.Path(), help="corpus (repeatable)")
+@click.option("--models", default=None, help="keep rows whose generating model contains one of these substrings")
+@click.option("--max-examples", type=click.IntRange(1), default=None)
+@click.option("--no-quantize", is_flag=True, help="evaluate the fp32 text model only")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def eval_cmd(model_dir, data, models, max_examples, no_quantize, seed, fmt) -> None:
+    """Evaluate a saved predictor on a corpus (prompts seen in training are skipped)."""
+    from .predict.evaluate import evaluate_dir
+
+    corpus = _load(data, models, max_examples, seed)
+    try:
+        report = evaluate_dir(model_dir, corpus.examples, quantize=not no_quantize)
+    except PredictorSpecError as exc:
+        raise _usage(exc) from None
+    _emit(report, fmt)
+
+
+def main() -> None:  # pragma: no cover - convenience entry point
+    predictor(prog_name="lbbench predictor")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Metadata predictor: output bucket from prompt token count + task/application
+name, for traces without prompt text (the paper's random forest on the
+production trace).
+
+Features: ``prompt_tokens`` and a one-hot encoding of the task over the tasks
+seen in training (an unseen or missing task is all zeros). Model: scikit-learn
+``HistGradientBoostingClassifier`` (default) or ``RandomForestClassifier``.
+Saved as a directory: ``config.json`` + ``model.pkl`` (pickle of the
+scikit-learn estimator; load only directories you trust).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core import Request
+from .base import BucketScheme, Prediction, PredictorSpecError
+from .data import Example, prompt_fingerprint
+from .metrics import LengthBaseline, majority_bucket
+
+CONFIG_FILE = "config.json"
+MODEL_FILE = "model.pkl"
+
+
+@dataclass
+class MetadataModelConfig:
+    scheme: dict[str, Any]
+    tasks: list[str]
+    estimator: str
+    bucket_expected_tokens: list[int]
+    length_baseline: dict[str, Any]
+    majority_bucket: int
+    train_fingerprints: list[str] = field(default_factory=list)
+    train_seconds: float = 0.0
+    num_train_examples: int = 0
+    seed: int = 0
+    kind: str = "metadata"
+
+
+def _features(prompt_tokens: Sequence[int], tasks: Sequence[str | None], vocab: dict[str, int]):
+    import numpy as np
+
+    x = np.zeros((len(prompt_tokens), 1 + len(vocab)), dtype=np.float64)
+    x[:, 0] = prompt_tokens
+    for i, t in enumerate(tasks):
+        j = vocab.get(t or "")
+        if j is not None:
+            x[i, 1 + j] = 1.0
+    return x
+
+
+class MetadataPredictor:
+    """Follows the ``Predictor`` protocol; uses ``prompt_tokens`` and ``task`` only."""
+
+    def __init__(self, config: MetadataModelConfig, model: Any):
+        self.config = config
+        self.model = model
+        self.scheme = BucketScheme.from_dict(config.scheme)
+        self.vocab = {t: i for i, t in enumerate(config.tasks)}
+        self.name = "metadata"
+
+    def predict_buckets(self, prompt_tokens: Sequence[int], tasks: Sequence[str | None]) -> list[int]:
+        if not prompt_tokens:
+            return []
+        return [int(b) for b in self.model.predict(_features(prompt_tokens, tasks, self.vocab))]
+
+    def predict(self, requests: Sequence[Request]) -> list[Prediction]:
+        buckets = self.predict_buckets([r.prompt_tokens for r in requests], [r.task for r in requests])
+        exp = self.config.bucket_expected_tokens
+        return [Prediction(b, int(exp[b])) for b in buckets]
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / MODEL_FILE, "wb") as f:
+            pickle.dump(self.model, f)
+        (out / CONFIG_FILE).write_text(json.dumps(asdict(self.config), indent=1))
+        return out
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> "MetadataPredictor":
+        d = Path(model_dir)
+        if not (d / CONFIG_FILE).is_file() or not (d / MODEL_FILE).is_file():
+            raise PredictorSpecError(f"--predictor metadata:{model_dir}: no {CONFIG_FILE} + {MODEL_FILE} there "
+                                     "(train one with `lbbench predictor train --kind metadata`)")
+        raw = json.loads((d / CONFIG_FILE).read_text())
+        if raw.get("kind") != "metadata":
+            raise PredictorSpecError(f"--predictor metadata:{model_dir}: {CONFIG_FILE} is a "
+                                     f"{raw.get('kind')!r} model, not a metadata model")
+        with open(d / MODEL_FILE, "rb") as f:
+            model = pickle.load(f)
+        return cls(MetadataModelConfig(**raw), model)
+
+
+def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimator: str = "gbdt",
+                         seed: int = 0) -> MetadataPredictor:
+    """Fit the estimator ('gbdt' or 'random_forest') on ``train``."""
+    from sklearn.ensemble import HistGradientBoostingClassifier, RandomForestClassifier
+
+    if not train:
+        raise ValueError("no training examples")
+    t0 = time.perf_counter()
+    tasks = sorted({e.task for e in train if e.task})
+    vocab = {t: i for i, t in enumerate(tasks)}
+    y = [scheme.bucket_of(e.output_tokens) for e in train]
+    x = _features([e.prompt_tokens for e in train], [e.task for e in train], vocab)
+    if estimator == "gbdt":
+        model = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, max_leaf_nodes=15,
+                                               min_samples_leaf=10, random_state=seed)
+    elif estimator == "random_forest":
+        model = RandomForestClassifier(n_estimators=200, min_samples_leaf=5, random_state=seed, n_jobs=1)
+    else:
+        raise ValueError(f"--estimator must be gbdt or random_forest, got {estimator!r}")
+    if len(set(y)) == 1:  # one class: every estimator would refuse or be pointless
+        from sklearn.dummy import DummyClassifier
+
+        model = DummyClassifier(strategy="most_frequent")
+    model.fit(x, y)
+    per_bucket: dict[int, list[int]] = {}
+    for e, b in zip(train, y):
+        per_bucket.setdefault(b, []).append(e.output_tokens)
+    expected = [round(sum(v) / len(v)) if (v := per_bucket.get(b)) else scheme.expected(b)
+                for b in range(scheme.num_buckets)]
+    config = MetadataModelConfig(
+        scheme=scheme.to_dict(), tasks=tasks, estimator=estimator,
+        bucket_expected_tokens=[max(1, v) for v in expected],
+        length_baseline=LengthBaseline.fit([e.prompt_tokens for e in train], y).to_dict(),
+        majority_bucket=majority_bucket(y),
+        train_fingerprints=sorted({prompt_fingerprint(e.prompt) for e in train}),
+        train_seconds=time.perf_counter() - t0, num_train_examples=len(train), seed=seed)
+    return MetadataPredictor(config, model)
