@@ -88,9 +88,10 @@ def transform_trace(tf: TraceFrame, *, time_scale: float | None = None, rate: fl
         df = df.with_columns(pl.col("arrival_s") * time_scale)
     if rate is not None and df.height > 1:
         span_s = float(df.get_column("arrival_s").max())
-        if span_s <= 0:
+        factor = (df.height - 1) / span_s / rate if span_s > 0 else math.inf
+        if not math.isfinite(factor):
             raise TraceError(f"{tf.path}: --rate: every request arrives at the same time; nothing to rescale")
-        df = df.with_columns(pl.col("arrival_s") * ((df.height - 1) / span_s / rate))
+        df = df.with_columns(pl.col("arrival_s") * factor)
     return tf.with_frame(df)
 
 
