@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -175,6 +176,14 @@ def server_args(model_path: str, served_name: str, port: int, *, chunked_prefill
     return args + list(extra_args)
 
 
+def _check_port_free(port: int, flag_port: int) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise LaunchError(f"--port-base {flag_port}: port {port} is already in use") from None
+
+
 def _health_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as resp:
@@ -263,6 +272,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     prefix = list(command) if command is not None else base_command(vllm_python)
     model_path, served_name = resolve_model(model, vllm_python)
     cores = split_cores(sorted(os.sched_getaffinity(0)), instances) if cpu else []
+    for i in range(instances):
+        _check_port_free(port_base + i, port_base)
     servers: list[Server] = []
     with _terminate_on_sigterm():
         try:
