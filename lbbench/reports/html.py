@@ -6,17 +6,22 @@ import base64
 import html as _html
 from typing import TYPE_CHECKING
 
+import polars as pl
+
 from . import plots
 from .render import html_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
 
+_MAX_TIMELINES = 6  # per-instance load figures (one per run) in one page
+
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 table.report { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
 table.report th { background: #2f4f6f; color: #fff; padding: 4px 10px; text-align: left; }
+table.report th.group { background: #1d3347; text-align: center; border-left: 2px solid #fff; }
 table.report td { border-bottom: 1px solid #ccc; padding: 3px 10px; }
 table.report td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.report tbody tr:nth-child(even) { background: #f2f5f8; }
@@ -52,12 +57,17 @@ def to_html(report: "Report", with_plots: bool = True) -> str:
         body.append(_img(plots.cdf(lf, keys, "e2e_s"), "CDF of end-to-end latency"))
         body.append(_img(plots.cdf(lf, keys, "ttft_s"), "CDF of time to first token"))
         body.append(_img(plots.latency_over_time(lf, keys), "Mean E2E latency over arrival time"))
-        tl = report.runs.timeline()
-        if tl is not None:
-            png = plots.instance_timeline(tl)
+        shown = 0
+        for info in report.runs.infos:
+            if info.timeline_path is None or shown >= _MAX_TIMELINES:
+                continue
+            png = plots.instance_timeline(pl.scan_parquet(info.timeline_path))
             if png is not None:
-                body.append("<h2>Per-instance load</h2>")
-                body.append(_img(png, "Running requests and KV cache usage per instance"))
+                if not shown:
+                    body.append("<h2>Per-instance load</h2>")
+                body.append(_img(png, f"Run {info.label}: running requests and KV cache usage "
+                                      "per instance"))
+                shown += 1
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>lbbench report</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -97,7 +97,8 @@ def latency_over_time(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_
 
 
 def instance_timeline(timeline: pl.LazyFrame, max_routers: int = 8) -> bytes | None:
-    """Running requests and KV usage per instance over time; first seed of each router."""
+    """Running requests and KV usage per instance over time: for each router its first seed
+    and first variant (run, order, scheduler, chunked prefill), so lines never mix runs."""
     df = timeline.collect()
     need = {"router", "seed", "time_s", "instance", "num_running", "kv_usage"}
     if df.height == 0 or not need <= set(df.columns):
@@ -105,10 +106,16 @@ def instance_timeline(timeline: pl.LazyFrame, max_routers: int = 8) -> bytes | N
     routers = df["router"].unique(maintain_order=True).to_list()[:max_routers]
     fig = Figure(figsize=(3.6 * len(routers) + 1, 6.0))
     axes = fig.subplots(2, len(routers), squeeze=False, sharex="col", sharey="row")
+    variant_cols = [c for c in ("run", "order", "instance_scheduler", "chunked_prefill", "profile")
+                    if c in df.columns]
     for j, router in enumerate(routers):
         part = df.filter(pl.col("router") == router)
         seed = part["seed"].min()
-        part = part.filter(pl.col("seed") == seed).sort("time_s")
+        part = part.filter(pl.col("seed") == seed)
+        first = part.row(0, named=True)
+        for c in variant_cols:  # one variant per router: the first one present
+            part = part.filter(pl.col(c).eq_missing(first[c]))
+        part = part.sort("time_s")
         for inst, g in part.partition_by("instance", as_dict=True, maintain_order=True).items():
             t = g["time_s"].to_numpy()
             axes[0][j].step(t, g["num_running"].to_numpy(), where="post", label=f"instance {inst[0]}")

@@ -152,9 +152,21 @@ def to_json(tables: Sequence[Table], extra: dict[str, Any] | None = None) -> str
 def html_table(t: Table) -> str:
     heads, rows = display(t)
     e = html.escape
-    parts = [f'<h2>{e(t.title)}</h2>', '<table class="report">', "<thead><tr>"]
-    parts += [f"<th>{e(h)}</th>" for h in heads]
-    parts.append("</tr></thead><tbody>")
+    parts = [f'<h2>{e(t.title)}</h2>', '<table class="report">', "<thead>"]
+    cols = [c for c in t.df.columns if c not in ("mean_e2e_std_s", "ci_low_pct", "ci_high_pct")]
+    if any(" | " in c for c in cols):  # column groups (side-by-side tables): two header rows
+        groups: list[tuple[str, int]] = []
+        for c in cols:
+            g = c.split(" | ", 1)[0] if " | " in c else ""
+            if groups and groups[-1][0] == g:
+                groups[-1] = (g, groups[-1][1] + 1)
+            else:
+                groups.append((g, 1))
+        parts.append("<tr>" + "".join(f'<th colspan="{n}" class="group">{e(g)}</th>'
+                                      for g, n in groups) + "</tr>")
+        heads = [header(c.split(" | ", 1)[1]) if " | " in c else header(c) for c in cols]
+    parts.append("<tr>" + "".join(f"<th>{e(h)}</th>" for h in heads) + "</tr>")
+    parts.append("</thead><tbody>")
     for r in rows:
         parts.append("<tr>" + "".join(
             f'<td class="{"key" if i < len(t.keys) else "num"}">{e(x)}</td>'
