@@ -299,7 +299,11 @@ class EmulatedInstance:
             if not isinstance(body, dict):
                 raise _BadRequest("body must be a JSON object")
             prompt_tokens = _prompt_tokens(body, chat)
-            max_tokens = body.get("max_tokens", body.get("max_completion_tokens")) or 16
+            max_tokens = body.get("max_tokens")
+            if max_tokens is None:
+                max_tokens = body.get("max_completion_tokens")
+            if max_tokens is None:
+                max_tokens = 16
             if not isinstance(max_tokens, int) or max_tokens < 1:
                 raise _BadRequest("'max_tokens' must be a positive integer")
         except (ValueError, _BadRequest) as exc:

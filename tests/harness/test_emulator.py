@@ -1,0 +1,73 @@
+"""Emulated instances speak the OpenAI/vLLM protocol and count like vLLM."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from lbbench.harness.metrics import parse_metrics
+
+
+def _post(url: str, body: dict) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_models_health_metrics(a100_fleet):
+    base = a100_fleet.endpoints[0]
+    assert urllib.request.urlopen(base + "/health").status == 200
+    models = json.loads(urllib.request.urlopen(base + "/v1/models").read())
+    assert models["data"][0]["id"] == "meta-llama/Llama-3.1-8B-Instruct"
+    m = parse_metrics(urllib.request.urlopen(base + "/metrics").read().decode())
+    assert m is not None and m.num_running >= 0 and 0.0 <= m.kv_usage <= 1.0
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_non_streaming_completion_with_usage(a100_fleet, chat):
+    base = a100_fleet.endpoints[1]
+    body = {"max_tokens": 6, "return_token_ids": True}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "x" * 40}]
+    else:
+        body["prompt"] = list(range(100, 150))
+    status, raw = _post(base + ("/v1/chat/completions" if chat else "/v1/completions"), body)
+    assert status == 200
+    out = json.loads(raw)
+    choice = out["choices"][0]
+    assert len(choice["token_ids"]) == 6 and choice["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 6
+    if not chat:
+        assert out["usage"]["prompt_tokens"] == 50
+        assert choice["text"].count(" t") == 6
+
+
+def test_streaming_counts_every_token_once(a100_fleet):
+    base = a100_fleet.endpoints[0]
+    body = {"prompt": [5] * 20, "max_tokens": 9, "stream": True, "return_token_ids": True,
+            "stream_options": {"include_usage": True}}
+    status, raw = _post(base + "/v1/completions", body)
+    assert status == 200
+    events = [e.removeprefix("data: ") for e in raw.decode().split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    ids = [i for c in chunks for ch in c["choices"] for i in ch["token_ids"]]
+    assert len(ids) == 9
+    assert chunks[-1]["usage"] == {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"]][-1] == "length"
+
+
+def test_bad_requests_get_http_errors(a100_fleet):
+    base = a100_fleet.endpoints[0]
+    assert _post(base + "/v1/completions", {"max_tokens": 3})[0] == 400
+    assert _post(base + "/v1/completions", {"prompt": "hi", "max_tokens": 0})[0] == 400
+    assert _post(base + "/v1/completions", {"prompt": "hi", "model": "nope"})[0] == 404
+    # longer than the profile's max_model_len (8192)
+    status, raw = _post(base + "/v1/completions", {"prompt": [1] * 9000, "max_tokens": 4})
+    assert status == 400 and b"max_model_len" in raw
