@@ -11,7 +11,9 @@ the settings that differ between runs) and returns a ``Table``:
 - ``balance``: per-instance share of requests and tokens (prompt + generated).
 - ``live``: dispatch lag, achieved vs requested rate, failures (live runs only).
 - ``goodput``: share of requests meeting ``--slo`` limits (only when given).
-- ``hardware``: runs that differ in profile side by side, one column group per profile.
+- ``hardware``: runs that differ in profile side by side, one column group per profile
+  (and ``by_chunked_prefill``: the same layout for chunked prefill off/on, as in the
+  paper's A100 table).
 """
 
 from __future__ import annotations
@@ -182,11 +184,20 @@ def hardware_table(summary: pl.DataFrame, keys: list[str], baseline: str = "roun
     values = s[split].unique(maintain_order=True).to_list()
     out = s.select(rows).unique(maintain_order=True)
     for v in values:
+        label = _group_label(split, v)
         part = (s.filter(pl.col(split).eq_missing(v))
-                .select([*rows, *[pl.col(m).alias(f"{v} | {m}") for m in HARDWARE_METRICS]]))
+                .select([*rows, *[pl.col(m).alias(f"{label} | {m}") for m in HARDWARE_METRICS]]))
         out = out.join(part, on=rows, how="left", nulls_equal=True, maintain_order="left")
-    note = (f"One column group per {split}; improvement is over {baseline} on the same {split}.")
-    return Table("hardware", f"Side by side by {split}", out, note, rows)
+    what = split.replace("_", " ")
+    note = f"One column group per {what}; improvement is over {baseline} with the same {what}."
+    name = "hardware" if split == "profile" else f"by_{split}"
+    return Table(name, f"Side by side by {what}", out, note, rows)
+
+
+def _group_label(split: str, value: object) -> str:
+    if isinstance(value, bool):
+        return f"{split.replace('_', ' ')} {'on' if value else 'off'}"
+    return str(value)
 
 
 def build_tables(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin",
@@ -194,9 +205,10 @@ def build_tables(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin
     """Every table that applies to these runs, in report order."""
     summary = summarize(lf, by=keys, baseline=baseline)
     tables = [main_table(lf, summary, keys, baseline, num_resamples)]
-    hw = hardware_table(summary, keys, baseline)
-    if hw is not None:
-        tables.append(hw)
+    for split in ("profile", "chunked_prefill"):
+        side = hardware_table(summary, keys, baseline, split)
+        if side is not None:
+            tables.append(side)
     tables.append(latency_table(summary, keys))
     bal = balance_table(lf, keys)
     tables.append(Table("imbalance", "Instance imbalance", imbalance(bal.df, keys),

@@ -22,6 +22,10 @@ def test_group_keys_follow_varying_settings(tmp_path):
     rep = build_report([tmp_path], num_resamples=100)
     assert "A100 form" in rep.table("main").title
     assert rep.table("main").df.height == 6
+    side = rep.table("by_chunked_prefill").df
+    assert side.height == 3
+    assert "chunked prefill off | mean_e2e_s" in side.columns
+    assert "chunked prefill on | mean_e2e_s" in side.columns
 
 
 def test_same_settings_same_seeds_group_by_run(tmp_path):
