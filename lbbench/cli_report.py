@@ -8,6 +8,7 @@ line naming the flag or path and exit code 2; ``compare`` exits 1 on a regressio
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -74,6 +75,13 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
     """
     try:
         rep = build_report(run_dirs, baseline=baseline, slo=slo, num_resamples=num_resamples)
+        if fmt == "table" and out is None and sys.stdout.isatty():
+            from rich.console import Console
+
+            from .reports.render import to_rich
+
+            to_rich(rep.tables, Console(), rep.preamble())  # the terminal's own width
+            return
         text = rep.render(fmt, plots=not no_plots)
     except (RunDirError, SummaryError) as exc:
         raise InputError(str(exc)) from None
