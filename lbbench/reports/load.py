@@ -1,7 +1,7 @@
 """Reading run directories for reports: lazy scans over many ``requests.parquet`` files.
 
 A run directory (written by ``lbbench run``) holds ``requests.parquet``, ``run.toml`` and,
-optionally, ``timeline.parquet``. ``load_runs`` accepts run directories, directories that
+optionally, ``timeline.parquet`` (live runs: also the scraped ``metrics.parquet``). ``load_runs`` accepts run directories, directories that
 contain run directories (one ``requests.parquet`` per sub-directory, any depth), or
 ``requests.parquet`` files, and returns one lazy frame over all of them with a ``run``
 column naming where each row came from.
@@ -26,6 +26,7 @@ SETTING_COLUMNS: tuple[str, ...] = ("profile", "workload", "num_instances", "ins
 
 REQUESTS_FILE = "requests.parquet"
 TIMELINE_FILE = "timeline.parquet"
+METRICS_FILE = "metrics.parquet"
 RUN_TOML = "run.toml"
 
 
@@ -48,8 +49,12 @@ class RunInfo:
 
     @property
     def timeline_path(self) -> Path | None:
-        p = self.path / TIMELINE_FILE
-        return p if p.is_file() else None
+        """``timeline.parquet``, else a live run's scraped ``metrics.parquet``."""
+        for name in (TIMELINE_FILE, METRICS_FILE):
+            p = self.path / name
+            if p.is_file():
+                return p
+        return None
 
 
 @dataclass

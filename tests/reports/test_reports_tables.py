@@ -106,3 +106,29 @@ def test_bad_run_dirs(tmp_path):
     pl.DataFrame({"x": [1]}).write_parquet(tmp_path / "cols.parquet")
     with pytest.raises(RunDirError, match="missing column"):
         load_runs([tmp_path / "cols.parquet"])
+
+
+def test_timeline_falls_back_to_live_metrics(tmp_path, v100_run):
+    import shutil
+
+    run = tmp_path / "live"
+    shutil.copytree(v100_run, run)
+    (run / "timeline.parquet").rename(run / "metrics.parquet")
+    runs = load_runs([run])
+    assert runs.infos[0].timeline_path.name == "metrics.parquet"
+    assert runs.timeline().collect().height > 0
+
+
+def test_summarize_groups_with_null_keys():
+    from lbbench.reports.summary import summarize
+
+    df = pl.concat([
+        synthetic_requests(routers=("round_robin", "jsq"), num_requests=30, seeds=(0,)),
+        synthetic_requests(routers=("round_robin", "jsq"), num_requests=30, seeds=(0,))
+        .with_columns(order=pl.lit("lh_then_hl")),
+    ])
+    s = summarize(df, by=("router", "order"))
+    assert s.height == 4
+    assert s["order"].to_list() == [None, None, "lh_then_hl", "lh_then_hl"]
+    assert s.filter(pl.col("router") == "round_robin")["improvement_vs_round_robin_pct"].to_list() \
+        == [0.0, 0.0]
