@@ -26,7 +26,7 @@ def test_report_markdown_paper_tables(runner):
     out = res.output
     assert "## Mean end-to-end latency by router" in out
     assert "| round_robin |" in out and "| jsq |" in out and "| random |" in out
-    assert "improvement (%) [95% CI]" in out and "±" in out
+    assert "improvement vs round_robin (%) [95% CI]" in out and "±" in out
     assert "## Latency detail" in out and "## Per-instance share of requests and tokens" in out
 
 

@@ -93,7 +93,7 @@ def display(table: Table) -> tuple[list[str], list[list[str]]]:
             else:
                 cells.append(_fmt(v, dec.get(c)))
         rows.append(cells)
-    return [header(c) for c in out_cols], rows
+    return [table.headers.get(c) or header(c) for c in out_cols], rows
 
 
 def to_markdown(tables: Sequence[Table], title: str | None = None, preamble: str = "") -> str:

@@ -35,6 +35,7 @@ class Table:
     df: pl.DataFrame
     note: str = ""
     keys: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # column -> header, beyond the defaults
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,9 @@ def main_table(lf: pl.LazyFrame, summary: pl.DataFrame, keys: list[str], baselin
     note = (f"Difference = {baseline} mean - router mean (positive: faster than {baseline}); "
             f"% paired by seed; 95% CI: paired bootstrap over seeds and requests "
             f"({num_resamples} resamples). ± is the std over seeds of the per-seed mean.")
-    return Table("main", f"Mean end-to-end latency by router{form}", df, note, keys)
+    headers = {"diff_vs_baseline_s": f"diff vs {baseline} (s)",
+               "improvement_pct": f"improvement vs {baseline} (%) [95% CI]"}
+    return Table("main", f"Mean end-to-end latency by router{form}", df, note, keys, headers)
 
 
 def latency_table(summary: pl.DataFrame, keys: list[str]) -> Table:
