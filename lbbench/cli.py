@@ -322,7 +322,28 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
         table.add_row(*[str(row[k]) for k in keys], row["router"], *cells)
     console.print(table)
+    if keys:
+        _print_pivot(console, summary, keys)
     console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
+
+
+def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
+    """The paper's Table 2 form: one row per variant, one mean-E2E column per router."""
+    routers = list(dict.fromkeys(summary["router"].to_list()))
+    table = Table(title="mean E2E (s) by variant; * marks the worst router of each row")
+    for k in keys:
+        table.add_column(k)
+    for r in routers:
+        table.add_column(r, justify="right")
+    rows: dict[tuple, dict[str, float]] = {}
+    for row in summary.to_dicts():
+        rows.setdefault(tuple(row[k] for k in keys), {})[row["router"]] = row["mean_e2e_s"]
+    for variant, vals in rows.items():
+        worst = max(vals, key=lambda r: vals[r] if vals[r] is not None else float("-inf"))
+        cells = [(_fmt("mean_e2e_s", vals.get(r)) + ("*" if r == worst and len(vals) > 1 else ""))
+                 for r in routers]
+        table.add_row(*[str(v) for v in variant], *cells)
+    console.print(table)
 
 
 def _add_optional_commands() -> None:

@@ -8,14 +8,17 @@ converted to tokens as
 - heavy decode threshold ``D = ceil(5 / profile.min_step_s)`` (250 at 0.02 s).
 
 Lengths are drawn uniformly on either side of a threshold ``T``: light in
-``[ceil(T / 10), T - 1]``, heavy in ``[T, 2 T]``, so the classes are well apart
-but not degenerate. A heavy prompt is capped so that it still fits the
-profile's context with the longest heavy decode (``max_model_len - 2 D``).
+``[ceil(T / 10), T / 2]``, heavy in ``[T, 1.5 T]``. The gap between the classes
+keeps them distinct, and the narrow heavy range keeps each class homogeneous
+(which is what makes the ordered arrivals of the paper's Table 2 insensitive to
+the instance scheduler). A heavy prompt is capped so that it still fits the
+profile's context beside the longest heavy decode (``max_model_len - 1.5 D``).
 When the context cannot hold a 0.5 s prompt at all (the V100 profile: 0.5 s is
 1563 prompt tokens, but its KV cache holds 1536 tokens in all), the heavy-prompt
 threshold becomes half of what fits beside a heavy decode,
-``(max_model_len - 2 D) // 2``, so that heavy prompts are still the longest
-prompts the instance can take; ``class_thresholds`` reports the value used.
+``(max_model_len - 1.5 D) // 2`` (580 tokens on the V100 profile), so heavy
+prompts are still the longest the instance can take; ``class_thresholds``
+reports the value used.
 
 Orders (``PAPER_CLASS_ORDERS``): ``lh_hl_random`` — half LH, half HL, shuffled;
 ``all_random`` — the four classes in equal numbers, shuffled; ``lh_then_hl`` —
@@ -47,7 +50,7 @@ def class_thresholds(profile: Profile) -> tuple[int, int]:
         raise WorkloadError(f"profile {profile.name}: prefill_token_s must be > 0 to define a heavy prompt")
     p_thr = math.ceil(HEAVY_PREFILL_S / profile.prefill_token_s - 1e-9)
     d_thr = math.ceil(HEAVY_DECODE_S / profile.min_step_s - 1e-9)
-    room = profile.max_model_len - 2 * d_thr
+    room = profile.max_model_len - 3 * d_thr // 2
     if p_thr > room:
         p_thr = room // 2
     return p_thr, d_thr
@@ -56,15 +59,15 @@ def class_thresholds(profile: Profile) -> tuple[int, int]:
 def class_ranges(profile: Profile) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
     """Per class, the inclusive (prompt range, decode range) sampled from."""
     p_thr, d_thr = class_thresholds(profile)
-    p_heavy_hi = min(2 * p_thr, profile.max_model_len - 2 * d_thr)
+    p_heavy_hi = min(3 * p_thr // 2, profile.max_model_len - 3 * d_thr // 2)
     if p_thr < 2 or p_heavy_hi < p_thr:
         raise WorkloadError(
             f"profile {profile.name}: a heavy prompt needs >= {p_thr} tokens but max_model_len "
             f"{profile.max_model_len} leaves only {profile.max_model_len - 2 * d_thr} beside a heavy decode")
-    light_p = (max(1, math.ceil(p_thr / 10)), p_thr - 1)
+    light_p = (max(1, math.ceil(p_thr / 10)), max(1, p_thr // 2))
     heavy_p = (p_thr, p_heavy_hi)
-    light_d = (max(1, math.ceil(d_thr / 10)), d_thr - 1)
-    heavy_d = (d_thr, 2 * d_thr)
+    light_d = (max(1, math.ceil(d_thr / 10)), max(1, d_thr // 2))
+    heavy_d = (d_thr, 3 * d_thr // 2)
     sides = {"L": (light_p, light_d), "H": (heavy_p, heavy_d)}
     return {c: (sides[c[0]][0], sides[c[1]][1]) for c in PAPER_CLASSES}
 

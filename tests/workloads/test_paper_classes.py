@@ -22,8 +22,8 @@ PROFILE = Profile(
 def test_thresholds_convert_seconds_to_tokens():
     assert class_thresholds(PROFILE) == (2000, 250)
     # 0.5 s is 5000 prompt tokens here, which cannot fit beside a heavy decode in 4096:
-    # the threshold falls back to half of what fits, (4096 - 2 * 200) // 2
-    assert class_thresholds(replace(PROFILE, min_step_s=0.025, prefill_token_s=1e-4)) == (1848, 200)
+    # the threshold falls back to half of what fits, (4096 - 1.5 * 200) // 2
+    assert class_thresholds(replace(PROFILE, min_step_s=0.025, prefill_token_s=1e-4)) == (1898, 200)
 
 
 def _is_heavy_prompt(tokens: int) -> bool:
@@ -75,10 +75,10 @@ def test_unknown_order_lists_choices():
 def test_small_context_shrinks_the_heavy_prompt_threshold():
     ranges = class_ranges(replace(PROFILE, max_model_len=2048))
     (hp_lo, hp_hi), (hd_lo, hd_hi) = ranges["HH"]
-    assert hp_lo == (2048 - 500) // 2 and hp_hi + hd_hi <= 2048
+    assert hp_lo == (2048 - 375) // 2 and hp_hi + hd_hi <= 2048
 
 
 def test_context_too_small_for_heavy_prompt_is_an_error():
-    small = replace(PROFILE, max_model_len=500)
+    small = replace(PROFILE, max_model_len=376)
     with pytest.raises(WorkloadError, match="max_model_len"):
         class_ranges(small)
