@@ -16,7 +16,7 @@ import click
 from .reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
                               parse_threshold)
 from .reports.load import RunDirError
-from .reports.report import FORMATS, build_report
+from .reports.report import FORMATS, build_report, write_plots
 from .reports.summary import SummaryError
 from .reports.tables import Slo
 
@@ -66,8 +66,10 @@ def _slo_callback(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--bootstrap", "num_resamples", type=click.IntRange(100, 100_000), default=1000,
               show_default=True, help="Bootstrap resamples for confidence intervals.")
 @click.option("--no-plots", is_flag=True, help="HTML without plots (faster).")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write every plot as a PNG file into this directory.")
 def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | None, baseline: str,
-           num_resamples: int, no_plots: bool) -> None:
+           num_resamples: int, no_plots: bool, plots_dir: Path | None) -> None:
     """Paper-style tables, latency detail, goodput and plots for one or more runs.
 
     Runs that differ in a setting (profile, chunked prefill, ...) are grouped by it; runs
@@ -75,6 +77,9 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
     """
     try:
         rep = build_report(run_dirs, baseline=baseline, slo=slo, num_resamples=num_resamples)
+        if plots_dir is not None:
+            for p in write_plots(rep, plots_dir):
+                click.echo(f"wrote {p}", err=True)
         if fmt == "table" and out is None and sys.stdout.isatty():
             from rich.console import Console
 

@@ -134,3 +134,13 @@ def test_compare_bad_flags_exit_2(runner, tmp_path, args, needle):
 def test_compare_missing_run_exit_2(runner, tmp_path):
     res = runner.invoke(compare, [str(V100), str(tmp_path / "missing")])
     assert res.exit_code == 2 and "missing" in res.output
+
+
+def test_report_writes_plot_files(runner, tmp_path):
+    res = runner.invoke(report, [str(V100), "--format", "json", "--plots", str(tmp_path / "png"),
+                                 "--bootstrap", "100"])
+    assert res.exit_code == 0, res.output
+    names = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert names == ["e2e_cdf.png", "e2e_over_time.png", "improvement.png", "load_v100.png",
+                     "ttft_cdf.png"]
+    assert all((tmp_path / "png" / n).read_bytes().startswith(b"\x89PNG") for n in names)

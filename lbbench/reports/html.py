@@ -6,15 +6,11 @@ import base64
 import html as _html
 from typing import TYPE_CHECKING
 
-import polars as pl
-
 from . import plots
 from .render import html_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
-
-_MAX_TIMELINES = 6  # per-instance load figures (one per run) in one page
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; }
@@ -40,34 +36,20 @@ def _img(png: bytes, caption: str) -> str:
 
 def to_html(report: "Report", with_plots: bool = True) -> str:
     """The whole report as one HTML document."""
-    want_plots = with_plots
     e = _html.escape
+    figs = list(plots.report_plots(report)) if with_plots else []
     body = ["<h1>lbbench report</h1>", '<ul class="runs">']
     body += [f"<li>{e(line[2:])}</li>" for line in report.preamble().splitlines()]
     body.append("</ul>")
-    main = report.table("main")
     for t in report.tables:
         body.append(html_table(t))
-        if t.name == "main" and want_plots and main is not None and main.df.height > 1:
-            body.append(_img(plots.improvement_bars(main.df, report.keys, report.baseline),
-                             "Improvement over the baseline with 95% bootstrap intervals"))
-    if want_plots:
-        lf, keys = report.runs.requests, report.keys
-        body.append("<h2>Latency distributions</h2>")
-        body.append(_img(plots.cdf(lf, keys, "e2e_s"), "CDF of end-to-end latency"))
-        body.append(_img(plots.cdf(lf, keys, "ttft_s"), "CDF of time to first token"))
-        body.append(_img(plots.latency_over_time(lf, keys), "Mean E2E latency over arrival time"))
-        shown = 0
-        for info in report.runs.infos:
-            if info.timeline_path is None or shown >= _MAX_TIMELINES:
-                continue
-            png = plots.instance_timeline(pl.scan_parquet(info.timeline_path))
-            if png is not None:
-                if not shown:
-                    body.append("<h2>Per-instance load</h2>")
-                body.append(_img(png, f"Run {info.label}: running requests and KV cache usage "
-                                      "per instance"))
-                shown += 1
+        if t.name == "main":
+            body += [_img(f.png, f.caption) for f in figs if f.section == "improvement"]
+    for section, title in (("latency", "Latency distributions"), ("load", "Per-instance load")):
+        items = [f for f in figs if f.section == section]
+        if items:
+            body.append(f"<h2>{title}</h2>")
+            body += [_img(f.png, f.caption) for f in items]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<title>lbbench report</title>"
             f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

@@ -13,7 +13,9 @@ renders headless to PNG with no browser or server, and is already an optional ex
 from __future__ import annotations
 
 import io
-from typing import Sequence
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -21,6 +23,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .summary import completed_expr, derive
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .report import Report
 
 _LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
            "router_wait_s": "router wait"}
@@ -153,3 +158,41 @@ def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "r
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small")
     return _png(fig)
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One rendered figure: a file-name stem, a caption and the PNG bytes."""
+
+    name: str
+    section: str
+    caption: str
+    png: bytes
+
+
+#: Per-instance load figures (one per run) in one report.
+MAX_TIMELINES = 6
+
+
+def report_plots(report: "Report") -> Iterator[Plot]:
+    """Every figure of a report, in page order (sections: improvement, latency, load)."""
+    lf, keys = report.runs.requests, report.keys
+    main = report.table("main")
+    if main is not None and main.df.filter(pl.col("router") != report.baseline).height:
+        yield Plot("improvement", "improvement",
+                   "Improvement over the baseline with 95% bootstrap intervals",
+                   improvement_bars(main.df, keys, report.baseline))
+    yield Plot("e2e_cdf", "latency", "CDF of end-to-end latency", cdf(lf, keys, "e2e_s"))
+    yield Plot("ttft_cdf", "latency", "CDF of time to first token", cdf(lf, keys, "ttft_s"))
+    yield Plot("e2e_over_time", "latency", "Mean E2E latency over arrival time",
+               latency_over_time(lf, keys))
+    shown = 0
+    for info in report.runs.infos:
+        if info.timeline_path is None or shown >= MAX_TIMELINES:
+            continue
+        png = instance_timeline(pl.scan_parquet(info.timeline_path))
+        if png is not None:
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", info.label)
+            yield Plot(f"load_{stem}", "load",
+                       f"Run {info.label}: running requests and KV cache usage per instance", png)
+            shown += 1

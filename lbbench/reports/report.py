@@ -94,3 +94,17 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
         warnings.append(f"baseline router {baseline!r} is not in these runs; improvements are empty")
     tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
     return Report(runs, keys, tables, baseline, warnings)
+
+
+def write_plots(report: Report, directory: str | Path) -> list[Path]:
+    """Write every figure of the report as ``DIRECTORY/<name>.png``; returns the paths."""
+    from .plots import report_plots
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fig in report_plots(report):
+        p = out / f"{fig.name}.png"
+        p.write_bytes(fig.png)
+        paths.append(p)
+    return paths
