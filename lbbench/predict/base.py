@@ -267,7 +267,11 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
     if kind == "text" and arg:
         from .text import TextPredictor
 
-        return TextPredictor.load(arg)
+        tp = TextPredictor.load(arg)
+        if tp.config.train.get("objective") == "task":
+            raise PredictorSpecError(f"--predictor {spec!r}: that directory holds a task classifier "
+                                     "(--kind task), not a length predictor (--kind text)")
+        return tp
     if kind == "metadata" and arg:
         from .metadata import MetadataPredictor
 

@@ -204,7 +204,7 @@ def _read_fastchat(question_path: Path, answer_paths: Iterable[Path]) -> list[_R
     return out
 
 
-def _read_json_array(path: Path) -> list[_Raw] | None:
+def _read_json_array(path: Path, explicit: bool = False) -> list[_Raw] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -220,16 +220,18 @@ def _read_json_array(path: Path) -> list[_Raw] | None:
             out.append(_Raw(prompt, _opt_str(r.get("dataset")), _opt_str(r.get("generator")),
                             response=str(r.get("output") or ""), source=path.name))
         return out
-    if "prompt" in keys:
+    if "prompt" in keys and (explicit or "output_tokens" in keys or "response" in keys):
         return _native(path, data)
     return None
 
 
-def _read_file(path: Path) -> list[_Raw] | None:
-    """Rows of one file, or None if it is in no known format."""
+def _read_file(path: Path, explicit: bool = False) -> list[_Raw] | None:
+    """Rows of one file, or None if it is in no known format. A file named
+    explicitly (not found by a directory scan) with ``prompt`` keys is read as
+    the native format, so its errors are reported instead of skipped."""
     name = path.name
     if name.endswith(".json"):
-        return _read_json_array(path)
+        return _read_json_array(path, explicit)
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
         return None
     if name == "question.jsonl":
@@ -244,7 +246,7 @@ def _read_file(path: Path) -> list[_Raw] | None:
         return _read_user_oriented(path, rows)
     if {"prompt", "instruction", "response"} <= keys:
         return _read_self_instruct_predictions(path, rows)
-    if "prompt" in keys and ("output_tokens" in keys or "response" in keys):
+    if "prompt" in keys and (explicit or "output_tokens" in keys or "response" in keys):
         return _native(path, rows)
     return None
 
@@ -281,7 +283,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
         if not p.exists():
             raise DataError(f"--data: {p}: no such file or directory")
         for f in _files_of(p):
-            rows = _read_file(f)
+            rows = _read_file(f, explicit=p.is_file())
             if rows is None:
                 corpus.files_skipped.append(str(f))
                 continue

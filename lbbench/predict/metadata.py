@@ -4,7 +4,7 @@ production trace).
 
 Features: ``prompt_tokens`` and a one-hot encoding of the task over the tasks
 seen in training (an unseen or missing task is all zeros). Model: scikit-learn
-``HistGradientBoostingClassifier`` (default) or ``RandomForestClassifier``.
+``GradientBoostingClassifier`` (default; single-threaded, shallow trees) or ``RandomForestClassifier``.
 Saved as a directory: ``config.json`` + ``model.pkl`` (pickle of the
 scikit-learn estimator; load only directories you trust).
 """
@@ -100,7 +100,7 @@ class MetadataPredictor:
 def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimator: str = "gbdt",
                          seed: int = 0) -> MetadataPredictor:
     """Fit the estimator ('gbdt' or 'random_forest') on ``train``."""
-    from sklearn.ensemble import HistGradientBoostingClassifier, RandomForestClassifier
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
 
     if not train:
         raise ValueError("no training examples")
@@ -109,11 +109,12 @@ def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimat
     vocab = {t: i for i, t in enumerate(tasks)}
     y = [scheme.bucket_of(e.output_tokens) for e in train]
     x = _features([e.prompt_tokens for e in train], [e.task for e in train], vocab)
+    leaf = max(1, min(20, len(train) // 50))  # regularise on real corpora, still fit tiny ones
     if estimator == "gbdt":
-        model = HistGradientBoostingClassifier(max_iter=200, learning_rate=0.05, max_leaf_nodes=15,
-                                               min_samples_leaf=10, random_state=seed)
+        model = GradientBoostingClassifier(n_estimators=100, learning_rate=0.05, max_depth=3,
+                                           min_samples_leaf=leaf, subsample=0.8, random_state=seed)
     elif estimator == "random_forest":
-        model = RandomForestClassifier(n_estimators=200, min_samples_leaf=5, random_state=seed, n_jobs=1)
+        model = RandomForestClassifier(n_estimators=200, min_samples_leaf=leaf, random_state=seed, n_jobs=1)
     else:
         raise ValueError(f"--estimator must be gbdt or random_forest, got {estimator!r}")
     if len(set(y)) == 1:  # one class: every estimator would refuse or be pointless

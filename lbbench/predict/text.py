@@ -248,6 +248,24 @@ class TextPredictor:
         return cls(config, net, tokenizer, quantized=quantize)
 
 
+def untrained_predictor(scheme: BucketScheme, tasks: Sequence[str] = (), encoder: str | None = None,
+                        max_length: int = 128, quantize: bool = False) -> TextPredictor:
+    """A predictor with the pretrained encoder and freshly initialised heads
+    (same architecture and cost as a trained one; used by the cost benchmark)."""
+    from transformers import AutoTokenizer
+
+    encoder = encoder or default_encoder()
+    _torch().manual_seed(0)
+    net = _build_net(encoder, scheme.num_buckets, len(tasks)).eval()
+    n = scheme.num_buckets
+    config = TextModelConfig(scheme=scheme.to_dict(), tasks=list(tasks),
+                             train={**asdict(TextTrainConfig(encoder=encoder, max_length=max_length))},
+                             encoder_source=encoder, bucket_expected_tokens=[scheme.expected(b) for b in range(n)],
+                             length_baseline=LengthBaseline((), (0,)).to_dict(), majority_bucket=0)
+    return TextPredictor(config, quantize_net(net) if quantize else net, AutoTokenizer.from_pretrained(encoder),
+                         quantized=quantize)
+
+
 def quantize_net(net: Any) -> Any:
     """Dynamic int8 quantization of every Linear layer (weights int8,
     activations quantized on the fly)."""

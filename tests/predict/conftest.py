@@ -24,6 +24,11 @@ def make_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
+@pytest.fixture(scope="session")
+def rows_factory():
+    return make_rows
+
+
 @pytest.fixture
 def tiny_corpus(tmp_path):
     path = tmp_path / "tiny.jsonl"

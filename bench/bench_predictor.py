@@ -1,0 +1,85 @@
+"""Cost of the text predictor: milliseconds per request at batch 64 on this
+CPU, fp32 and dynamic-int8, for requests with a task (one encoder pass) and
+without (task head first, then the bucket head: two passes).
+
+    python bench/bench_predictor.py [--model DIR] [--data CORPUS] [--repeats 5]
+
+Without ``--model`` the bundled all-MiniLM-L6-v2 encoder with untrained heads
+is timed (same architecture, same cost). Without ``--data`` synthetic prompts
+of 15-60 words are used. Prints one table; ``--json`` prints JSON instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from lbbench.core import Request
+from lbbench.predict import get_scheme
+
+
+def _requests(data: str | None, n: int, seed: int) -> list[Request]:
+    rng = random.Random(seed)
+    if data:
+        from lbbench.predict.data import load_corpus
+
+        ex = load_corpus(data).examples
+        picks = [ex[rng.randrange(len(ex))] for _ in range(n)]
+        return [Request(i, 0.0, e.prompt_tokens, e.output_tokens, e.task or "generic", e.prompt)
+                for i, e in enumerate(picks)]
+    words = ("the of and to in is for on with as by this that model data time user write explain list "
+             "summarize translate code question answer story email").split()
+    return [Request(i, 0.0, 40, 100, "generic", " ".join(rng.choice(words) for _ in range(rng.randint(15, 60))))
+            for i in range(n)]
+
+
+def _time_ms_per_request(predictor, reqs: list[Request], repeats: int) -> float:
+    predictor.predict(reqs)  # warm-up
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        predictor.predict(reqs)
+        runs.append((time.perf_counter() - t0) * 1000 / len(reqs))
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="saved text predictor directory")
+    ap.add_argument("--data", help="corpus to take prompts from")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+
+    from lbbench.predict.text import TextPredictor, untrained_predictor
+
+    reqs = _requests(args.data, args.batch, 0)
+    no_task = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, None, r.prompt) for r in reqs]
+    rows = []
+    for quantize in (False, True):
+        if args.model:
+            p = TextPredictor.load(args.model, quantize=quantize)
+        else:
+            p = untrained_predictor(get_scheme("paper"), tasks=["generic", "other"], quantize=quantize)
+        rows.append({"model": "int8" if quantize else "fp32", "batch": args.batch,
+                     "ms_per_request_with_task": _time_ms_per_request(p, reqs, args.repeats),
+                     "ms_per_request_without_task": _time_ms_per_request(p, no_task, args.repeats),
+                     "threads": torch.get_num_threads(),
+                     "mean_prompt_tokens": statistics.mean(r.prompt_tokens for r in reqs)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'model':<6}{'batch':>6}{'ms/req (task)':>15}{'ms/req (no task)':>18}{'threads':>9}")
+    for r in rows:
+        print(f"{r['model']:<6}{r['batch']:>6}{r['ms_per_request_with_task']:>15.2f}"
+              f"{r['ms_per_request_without_task']:>18.2f}{r['threads']:>9}")
+
+
+if __name__ == "__main__":
+    main()

