@@ -149,14 +149,13 @@ def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "r
     err = np.vstack([np.nan_to_num(vals - lo), np.nan_to_num(hi - vals)])
     colors = ["tab:green" if v >= 0 else "tab:red" for v in np.nan_to_num(vals)]
     x = np.arange(len(labels))
-    ax.bar(x, np.nan_to_num(vals), yerr=err, capsize=4, color=colors,
-           label="mean improvement (95% CI)")
+    ax.bar(x, np.nan_to_num(vals), yerr=err, capsize=4, color=colors)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(x, labels, rotation=30, ha="right", fontsize="small")
     ax.set_ylabel(f"improvement over {baseline} (%)")
     ax.set_title(f"Mean E2E improvement over {baseline} (positive = faster)")
+    ax.set_xlabel("router (bar: mean over seeds; whiskers: 95% bootstrap interval)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
     return _png(fig)
 
 
