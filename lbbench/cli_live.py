@@ -53,7 +53,7 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
                health_timeout_s: float, endpoints_file: str | None, extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
-    from .harness.launcher import launch
+    from .harness.launcher import LaunchError, launch
 
     cp = {"on": True, "off": False, "default": None}[chunked_prefill]
     try:
@@ -67,6 +67,11 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
                 time.sleep(3600)
     except KeyboardInterrupt:
         pass
+    except LaunchError as exc:
+        first, _, rest = str(exc).partition("\n")
+        if rest:
+            click.echo(rest, err=True)  # the server log's tail
+        raise click.UsageError(first) from None
     click.echo("servers stopped", err=True)
 
 
@@ -91,7 +96,12 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
     """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator."""
     from .harness.emulator import FleetConfig, resolve_profile, serve_forever
 
-    prof = resolve_profile(profile)
+    from .profiles import ProfileError
+
+    try:
+        prof = resolve_profile(profile)
+    except ProfileError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--profile: "), param_hint="--profile") from None
     cfg = FleetConfig(prof, instances, host=host, port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill])

@@ -442,6 +442,11 @@ class EmulatorFleet:
             for inst in self.instances:
                 if inst.alive:
                     await inst.stop()
+            # idle keep-alive connections still have handler tasks: end them too
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
         try:
             asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
         finally:
