@@ -1,0 +1,311 @@
+"""Gymnasium environment: the router's decision problem over ``ClusterSim``.
+
+A thin adapter over the simulator's step-wise API. One ``step`` is one
+decision about the head of the router queue: action ``i < m`` dispatches it to
+instance ``i`` through ``ClusterSim.dispatch`` (the same dispatcher code path
+as any router), action ``m`` defers it. After a dispatch the next decision is
+at the same instant if requests are still queued (the dispatcher keeps asking
+until the router defers); after a defer virtual time advances by one decision
+epoch ``Δt = profile.min_step_s``.
+
+**Skipped epochs.** When the queue is empty the only valid action is to defer,
+so the environment does not ask: it advances straight to the next arrival
+(``skip_empty=True``, the default). The simulated trajectory is identical either
+way — ``tests/rl/test_env.py`` replays a fixed policy both ways and compares the
+records — only the agent's replay buffer is spared thousands of forced
+transitions.
+
+**Reward** (the paper's, per Δt of virtual time elapsed by the step):
+
+``r = -Σ_{j∈J} (1/T̂_j)(1 - f_j) · (elapsed/Δt) + r_w · completions - w_k · h``
+
+* ``J``: the queued and the dispatched, unfinished requests; ``T̂_j`` the ideal
+  (solo) completion time ``step_time(prompt) + output · Δt``; ``f_j`` the
+  fraction of its output generated. The sum is kept incrementally from the
+  lifecycle events (``Dispatched``, ``FirstToken``, ``StepsAdvanced``,
+  ``Preempted``, ``Finished``), so evaluating it costs O(1), not O(requests);
+  it is charged at every point ``k · Δt`` of a global epoch grid that the step
+  passes (skipped epochs included), so cutting time into steps differently does
+  not change the total.
+* ``completions``: requests finished (not failed) during the step.
+* ``h``: the mixing guidance gap of the chosen instance
+  (``lbbench.routers.mixing.guidance_gap``; 0 for a defer or when the choice has
+  the least impact), scaled by ``guidance_scale``. ``w_k`` is 0 for
+  ``baseline_rl``, ``gamma`` for ``wa_rl`` and ``gamma - gamma_k`` with
+  ``gamma_k = exp(-beta_d · k) · gamma`` at episode ``k`` for ``wgrl``.
+
+``terminated`` once the last request has been routed: the environment then
+runs the simulator until every request finishes (so ``sim.records`` is
+complete) but reports the reward of that drain in ``info["drain_reward"]``
+instead of adding it to the last step's reward — no action can change it, and
+one transition carrying minutes of accumulated cost would swamp the learning
+signal. ``truncated`` after
+``max_steps`` decisions. The valid-action mask is ``info["action_mask"]``; an
+invalid action is replaced by defer (or, when deferring is not allowed, the
+first valid instance) and flagged ``info["invalid_action"]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from lbbench.core import (Dispatched, Event, Failed, Finished, FirstToken, Preempted, Request,
+                          StepsAdvanced)
+from lbbench.dispatch import Dispatcher
+from lbbench.profiles import Profile
+from lbbench.routers.mixing import MixingParams, guidance_gap, penalties
+from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
+from lbbench.sim.cluster import ClusterSim
+
+VARIANTS = ("baseline_rl", "wa_rl", "wgrl")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The reward's constants (the paper's values by default)."""
+
+    variant: str = "wgrl"
+    r_w: float = 60.0  #: reward per completed request
+    gamma: float = 0.99  #: discount (also the guidance weight's asymptote)
+    beta_d: float = 0.5  #: guidance annealing rate per episode (wgrl)
+    guidance_scale: float = 1.0  #: reward units per second of mixing impact
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"--router: {self.variant!r} is not an RL variant "
+                             f"(choose from {', '.join(VARIANTS)})")
+
+    def guidance_weight(self, episode: int) -> float:
+        """``w_k``: weight of the mixing guidance term at episode ``k``."""
+        if self.variant == "baseline_rl":
+            return 0.0
+        if self.variant == "wa_rl":
+            return self.gamma
+        return self.gamma - math.exp(-self.beta_d * episode) * self.gamma
+
+
+class _Progress:
+    """Router-shaped event observer: keeps ``Σ_j (1/T̂_j)(1 - f_j)`` over the
+    dispatched, unfinished requests in O(1) per event (step clocks, as in
+    ``ClusterState``)."""
+
+    name = "rl-env"
+
+    def __init__(self, num_instances: int, weight: Callable[[Request], float]):
+        self._weight = weight
+        self.clock = [0] * num_instances
+        self.dec_b = [0.0] * num_instances  # Σ b_j over decoding requests, per instance
+        self.sum_a = 0.0  # Σ a_j over dispatched, unfinished
+        self.sum_bg = 0.0  # Σ b_j g_j
+        self.entries: dict[int, list] = {}  # rid -> [a, b, fixed, base, decoding]
+
+    def route(self, queue, view, now_s):
+        return None
+
+    def value(self) -> float:
+        return self.sum_a - self.sum_bg
+
+    def on_event(self, ev: Event) -> None:
+        if isinstance(ev, StepsAdvanced):
+            self.clock[ev.instance] += ev.num_steps
+            self.sum_bg += ev.num_steps * self.dec_b[ev.instance]
+        elif isinstance(ev, Dispatched):
+            r = ev.request
+            a = self._weight(r)
+            self.entries[r.request_id] = [a, a / max(1, r.output_tokens), 0, 0, False]
+            self.sum_a += a
+        elif isinstance(ev, FirstToken):
+            e = self.entries.get(ev.request_id)
+            if e is not None and not e[4]:
+                e[2] += 1
+                self.sum_bg += e[1]
+                e[3] = self.clock[ev.instance]
+                e[4] = True
+                self.dec_b[ev.instance] += e[1]
+        elif isinstance(ev, Preempted):
+            e = self.entries.get(ev.request_id)
+            if e is not None and e[4]:
+                e[2] += self.clock[ev.instance] - e[3]
+                e[4] = False
+                self.dec_b[ev.instance] -= e[1]
+        elif isinstance(ev, (Finished, Failed)):
+            e = self.entries.pop(ev.request_id, None)
+            if e is not None:
+                g = e[2] + (self.clock[ev.instance] - e[3] if e[4] else 0)
+                if e[4]:
+                    self.dec_b[ev.instance] -= e[1]
+                self.sum_a -= e[0]
+                self.sum_bg -= e[1] * g
+
+
+class RouterEnv(gym.Env):
+    """One episode = one workload replayed through the simulated cluster."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, profile: Profile, num_instances: int,
+                 workload: Callable[[int], Sequence[Request]], reward: RewardConfig | None = None, *,
+                 instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
+                 skip_empty: bool = True, max_defer_s: float | None = 30.0,
+                 max_steps: int = 2_000_000,
+                 feature_spec: FeatureSpec | None = None):
+        super().__init__()
+        self.profile = profile
+        self.num_instances = num_instances
+        self.workload = workload
+        self.reward_cfg = reward or RewardConfig()
+        self.instance_scheduler = instance_scheduler
+        self.chunked_prefill = chunked_prefill
+        self.skip_empty = skip_empty
+        self.max_defer_s = max_defer_s
+        self.max_steps = max_steps
+        self.dt_s = profile.min_step_s
+        self.feature_spec = feature_spec or FeatureSpec.from_profile(profile, num_instances)
+        self.featurize = Featurizer(self.feature_spec)
+        self.mixing = MixingParams.from_profile(profile)
+        self.observation_space = gym.spaces.Box(-1.0, 4.0, shape=(self.feature_spec.obs_dim,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(num_instances + 1)
+        self.episode = -1
+        self.sim: ClusterSim | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _ideal_s(self, r: Request) -> float:
+        return self.profile.step_time_s(r.prompt_tokens, 0, 0) + r.output_tokens * self.dt_s
+
+    def _weight(self, r: Request) -> float:
+        return 1.0 / self._ideal_s(r)
+
+    def _outstanding_term(self) -> float:
+        """``Σ_{j∈J} (1/T̂_j)(1 - f_j)`` now (queued requests have f = 0)."""
+        n_q = len(self.sim.queue)
+        lo = self._num_dispatched
+        queued = self._prefix_a[lo + n_q] - self._prefix_a[lo]
+        return queued + self._progress.value()
+
+    def _next_arrival_s(self) -> float:
+        n_arrived = self._num_dispatched + len(self.sim.queue)
+        reqs = self.sim.requests
+        return reqs[n_arrived].arrival_s if n_arrived < len(reqs) else math.inf
+
+    def _advance(self, until_s: float) -> float:
+        """Advance the simulator to ``until_s``; returns the reward accrued.
+
+        The outstanding-work term is charged once per point of the global
+        epoch grid ``k * Δt`` passed, evaluated at that point, so the reward of
+        a stretch of virtual time does not depend on how it is cut into steps."""
+        sim = self.sim
+        dt = self.dt_s
+        done0 = len(sim.completions_log)
+        reward = 0.0
+        sim.advance(sim.now_s)  # events exactly at now (e.g. an arrival at 0.0)
+        k = math.floor(sim.now_s / dt + 1e-9) + 1
+        while not sim.done and k * dt <= until_s + 1e-9:
+            sim.advance(k * dt)
+            reward -= self._outstanding_term()
+            k += 1
+        if not sim.done and sim.now_s < until_s:
+            sim.advance(until_s)
+        return reward + self.reward_cfg.r_w * (len(sim.completions_log) - done0)
+
+    def _to_next_decision(self) -> float:
+        """Advance past epochs with nothing to decide; returns the reward accrued.
+
+        With ``skip_empty`` an empty queue jumps straight to the next arrival;
+        without it the agent is asked at every Δt (and at each arrival) even
+        though deferring is its only valid action. Either way a non-empty queue
+        is decided at the same instants, so the trajectory is the same."""
+        reward = 0.0
+        sim = self.sim
+        while not sim.queue and not sim.done:
+            nxt = self._next_arrival_s()
+            if math.isinf(nxt):  # drain: nothing left to route, no decision will follow
+                self.drain_reward = self._advance(self._drain_until())
+                break
+            if not self.skip_empty and self._asked_empty is not None:
+                if self._asked_empty:  # the agent already deferred on this empty queue
+                    self._asked_empty = False
+                    reward += self._advance(max(sim.now_s, min(nxt, self._epoch_s + self.dt_s)))
+                    continue
+                self._asked_empty = True
+                break
+            reward += self._advance(max(nxt, sim.now_s))
+        return reward
+
+    def _drain_until(self) -> float:
+        # far enough for every outstanding request; _advance stops when done
+        return self.sim.now_s + 1e7
+
+    def _mask(self) -> np.ndarray:
+        return action_mask(self.sim.queue, self.sim.view(), self.sim.now_s, self.max_defer_s)
+
+    def _obs_info(self) -> tuple[np.ndarray, dict[str, Any]]:
+        view = self.sim.view()
+        obs = self.featurize(self.sim.queue, view)
+        mask = action_mask(self.sim.queue, view, self.sim.now_s, self.max_defer_s)
+        return obs, {"action_mask": mask, "now_s": self.sim.now_s,
+                     "queue_len": len(self.sim.queue), "num_completed": self.sim.num_completed}
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        self.episode = int(options.get("episode", self.episode + 1))
+        wl_seed = int(seed if seed is not None else self.np_random.integers(2**31))
+        requests = list(self.workload(wl_seed))
+        if not requests:
+            raise ValueError("RL environment: the workload has no requests")
+        self.sim = ClusterSim(self.profile, self.num_instances, requests, seed=wl_seed,
+                              instance_scheduler=self.instance_scheduler,
+                              chunked_prefill=self.chunked_prefill)
+        self._progress = _Progress(self.num_instances, self._weight)
+        # observe lifecycle events the way a router does (on_event); nothing routes automatically
+        self.sim.dispatcher = Dispatcher(self._progress, self.sim.state)
+        prefix = np.zeros(len(requests) + 1)
+        np.cumsum([self._weight(r) for r in self.sim.requests], out=prefix[1:])
+        self._prefix_a = prefix
+        self._num_dispatched = 0
+        self._steps = 0
+        self.drain_reward = 0.0
+        self._epoch_s = 0.0
+        self._asked_empty = None if self.skip_empty else False
+        self.guidance_weight = self.reward_cfg.guidance_weight(self.episode)
+        self._to_next_decision()
+        return self._obs_info()
+
+    def step(self, action):
+        if self.sim is None:
+            raise RuntimeError("call reset() before step()")
+        sim = self.sim
+        m = self.num_instances
+        action = int(action)
+        mask = self._mask()
+        invalid = not (0 <= action <= m and mask[action])
+        if invalid:
+            action = m if mask[m] else int(np.flatnonzero(mask)[0])
+        reward = 0.0
+        h = 0.0
+        self._epoch_s = sim.now_s
+        if action < m:
+            view = sim.view()
+            pens = penalties(self.mixing, view, sim.queue[0])
+            h = guidance_gap(pens, action, view.healthy_indices())
+            reward -= self.guidance_weight * self.reward_cfg.guidance_scale * h
+            done0 = len(sim.completions_log)
+            sim.dispatch(0, action)
+            self._num_dispatched += 1
+            reward += self.reward_cfg.r_w * (len(sim.completions_log) - done0)
+        elif sim.queue:
+            reward += self._advance(sim.now_s + self.dt_s)
+        reward += self._to_next_decision()
+        self._steps += 1
+        terminated = sim.done
+        truncated = not terminated and self._steps >= self.max_steps
+        obs, info = self._obs_info()
+        info.update(invalid_action=invalid, guidance_gap=h, action=action,
+                    drain_reward=self.drain_reward if terminated else 0.0)
+        return obs, float(reward), terminated, truncated, info

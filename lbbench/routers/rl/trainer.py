@@ -1,0 +1,283 @@
+"""Double-DQN training for the RL routers (torch; CleanRL-style, one function).
+
+``train(config)`` reads top to bottom: build the environment, the online and
+target Q-networks and the replay buffer; for each episode replay a fresh
+workload, act ε-greedily over the *valid* actions, store transitions, and every
+``train_every`` decisions fit the online network on a batch of ``batch_size``
+against the Double-DQN target ``r + γ · Q_target(s', argmax_a Q_online(s', a))``
+(the argmax restricted to the next state's valid actions). ε decays linearly
+from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
+``explore_episodes`` on (the paper stops exploring after episode 20).
+
+Each episode appends a row to the training curve (episode, reward, mean_e2e_s,
+loss, q_mean, ...; a Polars table written to ``curve.parquet``). The exported
+policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network
+with the lowest mean E2E over the greedy episodes (or the last one when there
+were none); ``last/policy.npz`` holds the final network. Training workloads use
+seeds ``train_seed_base + 1000 * seed + episode``, disjoint from the evaluation
+seeds ``0..N`` that ``lbbench run --seeds N`` uses.
+
+Determinism: one thread, seeded torch/numpy generators, and a simulator that is
+deterministic for a workload seed: the same config gives the same curve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import polars as pl
+import torch
+from torch import nn
+
+from lbbench import __version__
+from lbbench.profiles import Profile, load_profile
+from lbbench.routers.rl.env import RewardConfig, RouterEnv
+from lbbench.routers.rl.policy import QPolicy
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (written to ``config.json``)."""
+
+    router: str = "wgrl"
+    """RL variant: baseline_rl, wa_rl or wgrl."""
+    profile: str = "llama2-7b-v100"
+    """Profile name or path to a .toml file."""
+    instances: int = 4
+    """Number of simulated instances (the policy is specific to it)."""
+    workload: str = "paper-mix"
+    """Training workload (paper-mix)."""
+    rate: float = 20.0
+    """Arrival rate, requests per second."""
+    requests: int = 2000
+    """Requests per training episode."""
+    episodes: int = 30
+    """Training episodes."""
+    seed: int = 0
+    """Seed for the networks, exploration and the training workloads."""
+    hidden: int = 0
+    """Hidden layer width (0: 64 up to 4 instances, 128 above)."""
+    lr: float = 5e-4
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount factor."""
+    batch_size: int = 512
+    """Replay batch size."""
+    buffer_size: int = 200_000
+    """Replay buffer capacity (transitions)."""
+    learning_starts: int = 2_000
+    """Decisions collected before the first update."""
+    train_every: int = 4
+    """Decisions between gradient updates."""
+    target_every: int = 1_000
+    """Decisions between target-network syncs."""
+    epsilon_start: float = 1.0
+    """Initial exploration rate."""
+    epsilon_end: float = 0.05
+    """Exploration rate reached at the last exploring episode."""
+    explore_episodes: int = 20
+    """Episodes with exploration; greedy from then on."""
+    reward_scale: float = 1e-3
+    """Rewards are multiplied by this before learning (keeps Q values O(1-100))."""
+    r_w: float = 60.0
+    """Reward per completed request."""
+    beta_d: float = 0.5
+    """wgrl guidance annealing rate per episode."""
+    guidance_scale: float = 100.0
+    """Reward units per second of mixing impact (wa_rl, wgrl)."""
+    max_defer_s: float = 30.0
+    """A request may be deferred at most this long at the router."""
+    instance_scheduler: str = "fcfs"
+    """Instance-level scheduler of the simulated engines."""
+    chunked_prefill: bool | None = None
+    """Force chunked prefill on/off (default: the profile's)."""
+    train_seed_base: int = 1_000_000
+    """Offset of the training workload seeds (kept away from evaluation seeds)."""
+
+    def hidden_width(self) -> int:
+        return self.hidden or (64 if self.instances <= 4 else 128)
+
+
+def make_workload(name: str, num_requests: int, rate_per_s: float) -> Callable[[int], list]:
+    """``seed -> requests`` for a training workload name."""
+    if name in ("paper-mix", "paper_mix"):
+        from lbbench.workloads import paper_mix
+        return lambda seed: paper_mix(num_requests, rate_per_s, seed)
+    raise ValueError(f"--workload: {name!r} is not supported for training (use paper-mix)")
+
+
+class QNetwork(nn.Module):
+    """obs -> hidden -> hidden -> actions, ReLU (the paper's network)."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                 nn.ReLU(), nn.Linear(hidden, num_actions))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ReplayBuffer:
+    """Fixed-size ring buffer of transitions (numpy arrays)."""
+
+    def __init__(self, capacity: int, obs_dim: int, num_actions: int):
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_mask = np.zeros((capacity, num_actions), bool)
+        self.action = np.zeros(capacity, np.int64)
+        self.reward = np.zeros(capacity, np.float32)
+        self.done = np.zeros(capacity, np.float32)
+        self.capacity, self.size, self.pos = capacity, 0, 0
+
+    def add(self, obs, action, reward, next_obs, next_mask, done) -> None:
+        i = self.pos
+        self.obs[i], self.action[i], self.reward[i] = obs, action, reward
+        self.next_obs[i], self.next_mask[i], self.done[i] = next_obs, next_mask, done
+        self.pos = (i + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, n: int):
+        idx = rng.integers(0, self.size, size=n)
+        return (torch.from_numpy(self.obs[idx]), torch.from_numpy(self.action[idx]),
+                torch.from_numpy(self.reward[idx]), torch.from_numpy(self.next_obs[idx]),
+                torch.from_numpy(self.next_mask[idx]), torch.from_numpy(self.done[idx]))
+
+
+def export_policy(q: QNetwork, meta: dict) -> QPolicy:
+    """The torch network as a numpy ``QPolicy`` (weights transposed to (in, out))."""
+    layers = [m for m in q.net if isinstance(m, nn.Linear)]
+    weights = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in layers]
+    return QPolicy(weights, meta)
+
+
+def epsilon_at(cfg: TrainConfig, episode: int) -> float:
+    if episode >= cfg.explore_episodes:
+        return 0.0
+    frac = episode / max(1, cfg.explore_episodes - 1)
+    return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
+
+
+def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool = True,
+          profile: Profile | None = None) -> pl.DataFrame:
+    """Train one variant; writes the checkpoint to ``out_dir`` (when given) and
+    returns the training curve."""
+    torch.set_num_threads(1)
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    prof = profile or load_profile(cfg.profile)
+    reward_cfg = RewardConfig(cfg.router, r_w=cfg.r_w, gamma=cfg.gamma, beta_d=cfg.beta_d,
+                              guidance_scale=cfg.guidance_scale)
+    env = RouterEnv(prof, cfg.instances, make_workload(cfg.workload, cfg.requests, cfg.rate),
+                    reward_cfg, instance_scheduler=cfg.instance_scheduler,
+                    chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s)
+    obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
+    q = QNetwork(obs_dim, n_act, cfg.hidden_width())
+    q_target = QNetwork(obs_dim, n_act, cfg.hidden_width())
+    q_target.load_state_dict(q.state_dict())
+    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
+    buf = ReplayBuffer(cfg.buffer_size, obs_dim, n_act)
+    meta = {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
+            "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
+            "train_config": dataclasses.asdict(cfg), "lbbench_version": __version__}
+
+    rows: list[dict] = []
+    best: tuple[float, QPolicy] | None = None
+    step = 0
+    t_start = time.perf_counter()
+    bar = _progress_bar(progress, cfg)
+    for episode in range(cfg.episodes):
+        eps = epsilon_at(cfg, episode)
+        wl_seed = cfg.train_seed_base + 1000 * cfg.seed + episode
+        obs, info = env.reset(seed=wl_seed, options={"episode": episode})
+        ep_reward, losses, qs, n_dec, n_defer = 0.0, [], [], 0, 0
+        done = False
+        while not done:
+            mask = info["action_mask"]
+            if rng.random() < eps:
+                action = int(rng.choice(np.flatnonzero(mask)))
+            else:
+                with torch.no_grad():
+                    qv = q(torch.from_numpy(obs)).numpy()
+                action = int(np.argmax(np.where(mask, qv, -np.inf)))
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            buf.add(obs, action, reward * cfg.reward_scale, next_obs, info["action_mask"], terminated)
+            obs, done = next_obs, terminated or truncated
+            ep_reward += reward
+            n_dec += 1
+            n_defer += action == cfg.instances
+            step += 1
+
+            if step >= cfg.learning_starts and step % cfg.train_every == 0:
+                b_obs, b_act, b_rew, b_next, b_mask, b_done = buf.sample(rng, cfg.batch_size)
+                with torch.no_grad():
+                    online_next = q(b_next).masked_fill(~b_mask, -torch.inf)
+                    best_next = online_next.argmax(dim=1, keepdim=True)
+                    target_next = q_target(b_next).gather(1, best_next).squeeze(1)
+                    target = b_rew + cfg.gamma * target_next * (1.0 - b_done)
+                q_taken = q(b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
+                loss = nn.functional.smooth_l1_loss(q_taken, target)
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(q.parameters(), 10.0)
+                opt.step()
+                losses.append(float(loss.detach()))
+                qs.append(float(q_taken.detach().mean()))
+            if step % cfg.target_every == 0:
+                q_target.load_state_dict(q.state_dict())
+
+        recs = env.sim.records
+        e2e = [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
+        wait = [r.dispatch_s - r.arrival_s for r in recs]
+        row = {"episode": episode, "reward": ep_reward, "mean_e2e_s": float(np.mean(e2e)),
+               "mean_router_wait_s": float(np.mean(wait)),
+               "loss": float(np.mean(losses)) if losses else float("nan"),
+               "q_mean": float(np.mean(qs)) if qs else float("nan"), "epsilon": eps,
+               "guidance_weight": env.guidance_weight, "decisions": n_dec, "defers": n_defer,
+               "preemptions": int(sum(r.num_preemptions or 0 for r in recs)),
+               "wall_s": time.perf_counter() - t_start}
+        rows.append(row)
+        if eps == 0.0 and (best is None or row["mean_e2e_s"] < best[0]):
+            best = (row["mean_e2e_s"], export_policy(q, dict(meta, episode=episode)))
+        bar.update(row)
+    bar.close()
+
+    curve = pl.DataFrame(rows)
+    if out_dir is not None:
+        out = Path(out_dir)
+        last = export_policy(q, dict(meta, episode=cfg.episodes - 1))
+        (best[1] if best else last).save(out)
+        last.save(out / "last")
+        curve.write_parquet(out / "curve.parquet")
+        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+    return curve
+
+
+class _progress_bar:
+    """A rich progress bar over episodes (silent when disabled)."""
+
+    def __init__(self, enabled: bool, cfg: TrainConfig):
+        self.p = None
+        if enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.p = Progress(TextColumn(f"train {cfg.router}"), BarColumn(),
+                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                              TextColumn("{task.fields[info]}"))
+            self.p.start()
+            self.task = self.p.add_task("episodes", total=cfg.episodes, info="")
+
+    def update(self, row: dict) -> None:
+        if self.p is not None:
+            self.p.update(self.task, advance=1,
+                          info=f"e2e {row['mean_e2e_s']:.2f}s reward {row['reward']:.3g} "
+                               f"eps {row['epsilon']:.2f}")
+
+    def close(self) -> None:
+        if self.p is not None:
+            self.p.stop()

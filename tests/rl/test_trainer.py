@@ -1,0 +1,60 @@
+"""Double-DQN trainer: runs end to end, is deterministic, exports a numpy policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from lbbench.core import Request
+from lbbench.routers.rl import trainer as tr
+from lbbench.routers.rl.policy import QPolicy, WorkloadAwareRL
+from lbbench.sim.cluster import ClusterSim
+
+from tests_rl_helpers import PROFILE, small_workload  # noqa: E402  (conftest puts tests/rl on path)
+
+
+@pytest.fixture
+def tiny_cfg(monkeypatch):
+    monkeypatch.setattr(tr, "make_workload", lambda name, n, rate: small_workload)
+    return tr.TrainConfig(router="wa_rl", profile="tiny", instances=3, episodes=3, requests=40,
+                          explore_episodes=2, learning_starts=32, batch_size=32, target_every=50,
+                          buffer_size=5000)
+
+
+def test_train_writes_checkpoint_and_curve(tmp_path, tiny_cfg):
+    curve = tr.train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
+    assert curve.columns[:6] == ["episode", "reward", "mean_e2e_s", "mean_router_wait_s", "loss",
+                                 "q_mean"]
+    assert curve["episode"].to_list() == [0, 1, 2]
+    assert curve["epsilon"].to_list()[-1] == 0.0
+    assert pl.read_parquet(tmp_path / "curve.parquet").equals(curve)
+    pol = QPolicy.load(tmp_path)
+    assert pol.meta["variant"] == "wa_rl" and pol.meta["num_instances"] == 3
+    assert pol.layers[0][0].shape == (pol.obs_dim, 64) and pol.num_actions == 4
+    # the exported policy routes a whole workload through the batch simulator
+    router = WorkloadAwareRL(3, checkpoint=tmp_path)
+    recs = ClusterSim(PROFILE, 3, small_workload(99)).run(router)
+    assert len(recs) == 40 and all(r.finish_s is not None for r in recs)
+
+
+def test_same_seed_same_curve(tmp_path, tiny_cfg):
+    a = tr.train(tiny_cfg, tmp_path / "a", progress=False, profile=PROFILE).drop("wall_s")
+    b = tr.train(tiny_cfg, tmp_path / "b", progress=False, profile=PROFILE).drop("wall_s")
+    assert a.equals(b)
+    wa = np.load(tmp_path / "a" / "policy.npz")["w0"]
+    wb = np.load(tmp_path / "b" / "policy.npz")["w0"]
+    np.testing.assert_array_equal(wa, wb)
+
+
+def test_epsilon_schedule():
+    cfg = tr.TrainConfig(explore_episodes=20, epsilon_start=1.0, epsilon_end=0.05)
+    assert tr.epsilon_at(cfg, 0) == 1.0
+    assert tr.epsilon_at(cfg, 19) == pytest.approx(0.05)
+    assert tr.epsilon_at(cfg, 20) == 0.0
+    assert tr.TrainConfig(instances=8).hidden_width() == 128
+
+
+def test_unknown_workload():
+    with pytest.raises(ValueError, match="--workload"):
+        tr.make_workload("nope", 10, 1.0)
