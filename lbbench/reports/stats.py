@@ -91,22 +91,36 @@ def _boot_stat(arrays: list[np.ndarray], stat: Stat, num: int,
                rng: np.random.Generator) -> list[np.ndarray]:
     """``num`` replicates of ``stat`` for each array, resampling the same indices in all."""
     n = len(arrays[0])
+    block = _block_len(n)
+    # circular blocks without a modulo: index into the array extended by its first block
+    ext = [np.concatenate([a, a[:block]]) for a in arrays]
     out = [np.empty(num) for _ in arrays]
     chunk = max(1, _CELLS_PER_CHUNK // max(n, 1))
     for start in range(0, num, chunk):
         stop = min(num, start + chunk)
-        idx = block_indices(n, stop - start, rng)
-        for o, a in zip(out, arrays):
+        idx = block_indices(n, stop - start, rng, block, wrap=False)
+        for o, a in zip(out, ext):
             o[start:stop] = stat(a[idx], axis=1)
     return out
 
 
-def block_indices(n: int, num: int, rng: np.random.Generator, block: int | None = None) -> np.ndarray:
-    """``num`` circular-block-bootstrap index rows of length ``n`` (blocks of ~sqrt(n))."""
-    block = max(1, int(round(math.sqrt(n)))) if block is None else max(1, block)
+def _block_len(n: int) -> int:
+    return max(1, int(round(math.sqrt(n))))
+
+
+def block_indices(n: int, num: int, rng: np.random.Generator, block: int | None = None,
+                  wrap: bool = True) -> np.ndarray:
+    """``num`` circular-block-bootstrap index rows of length ``n`` (blocks of ~sqrt(n)).
+
+    With ``wrap=False`` indices run past ``n - 1`` (up to ``n + block - 2``) and are meant
+    for an array extended by its first ``block`` values.
+    """
+    block = _block_len(n) if block is None else max(1, min(block, n))
     num_blocks = -(-n // block)
-    starts = rng.integers(0, n, size=(num, num_blocks, 1))
-    idx = (starts + np.arange(block)) % n
+    starts = rng.integers(0, n, size=(num, num_blocks, 1), dtype=np.int32)
+    idx = starts + np.arange(block, dtype=np.int32)
+    if wrap:
+        idx %= n
     return idx.reshape(num, num_blocks * block)[:, :n]
 
 
