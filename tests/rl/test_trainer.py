@@ -6,7 +6,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lbbench.core import Request
 from lbbench.routers.rl import trainer as tr
 from lbbench.routers.rl.policy import QPolicy, WorkloadAwareRL
 from lbbench.sim.cluster import ClusterSim

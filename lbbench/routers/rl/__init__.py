@@ -8,6 +8,7 @@ environment (``env``) are imported only by ``lbbench train``.
 
 from __future__ import annotations
 
+from lbbench.routers.registry import register
 from lbbench.routers.rl.policy import (
     BaselineRL,
     CheckpointError,
@@ -18,15 +19,9 @@ from lbbench.routers.rl.policy import (
 
 __all__ = ["BaselineRL", "CheckpointError", "RLRouter", "WorkloadAwareRL", "WorkloadGuidedRL"]
 
-try:
-    from lbbench.routers.registry import register
-except ImportError:  # the registry lands separately; routers still usable directly
-    register = None
-
-if register is not None:
-    register("baseline_rl", "Double-DQN router, queue and completion reward (paper's baseline RL)")(
-        BaselineRL)
-    register("wa_rl", "Double-DQN router with the mixing penalty as a constant reward term")(
-        WorkloadAwareRL)
-    register("wgrl", "workload-guided Double-DQN router: mixing penalty as annealed guidance")(
-        WorkloadGuidedRL)
+register("baseline_rl", "Double-DQN router, queue and completion reward only (the paper's baseline RL)")(
+    BaselineRL)
+register("wa_rl", "Double-DQN router with the mixing penalty as a constant-weight reward term")(
+    WorkloadAwareRL)
+register("wgrl", "workload-guided Double-DQN router: mixing penalty as annealed guidance (the paper's)")(
+    WorkloadGuidedRL)
