@@ -82,7 +82,10 @@ def display(table: Table) -> tuple[list[str], list[list[str]]]:
             v = r[c]
             if c == "mean_e2e_s" and "mean_e2e_std_s" in r:
                 d = _decimals(v) if v is not None else 2
-                cells.append(f"{_fmt(v, d)} ± {_fmt(r['mean_e2e_std_s'], d)}")
+                if r.get("seeds", 2) == 1:  # no spread over seeds to show
+                    cells.append(_fmt(v, d))
+                else:
+                    cells.append(f"{_fmt(v, d)} ± {_fmt(r['mean_e2e_std_s'], d)}")
             elif c == "improvement_pct" and "ci_low_pct" in r:
                 s = _fmt(v, 1, signed=True)
                 if r["ci_low_pct"] is not None and r["ci_high_pct"] is not None and v != 0:
