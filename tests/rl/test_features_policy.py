@@ -54,7 +54,8 @@ def test_feature_values_hand_checked():
     assert f["i0_capacity"] == pytest.approx(1 - 2 / 8)
     # earliest completion: 2990 tokens * 0.02 s = 59.8 s, capped at the 10 s horizon
     assert f["i0_earliest_completion"] == 1.0
-    assert f["i0_kv_footprint"] == pytest.approx((300 + 100 + 10 + 3000) / 4096)
+    # work: 300 prompt tokens to prefill + (100 + 2990) decode tokens left
+    assert f["i0_work"] == pytest.approx(np.log1p(300 + 100 + 2990) / np.log1p(8 * 2048))
     assert f["i1_capacity"] == 1.0 and f["i1_earliest_completion"] == 0.0
     assert f["i2_healthy"] == 1.0
 

@@ -13,8 +13,10 @@ Following the paper, the observation at a decision epoch is made of
   instance already queues requests of its own), the estimated time to its
   earliest completion ``min_remaining_tokens * min_step_s`` (divided by
   ``completion_horizon_s`` and capped at 1; 0 when nothing decodes), and, beyond
-  the paper, the predicted KV footprint over the KV capacity (how close the
-  instance is to preempting) and whether it is healthy.
+  the paper, the instance's outstanding work (prompt tokens still to prefill
+  plus predicted decode tokens left, ``log1p``-scaled by
+  ``max_num_seqs * max_model_len``: under overload the counts saturate long
+  before the work does) and whether it is healthy.
 
 Everything is a float32 numpy vector of fixed length ``FeatureSpec.obs_dim``;
 one call costs a few microseconds (a Python list filled in one pass, one
@@ -33,7 +35,7 @@ import numpy as np
 from lbbench.core import DEFAULT_STATE_BUCKETS, ClusterView, Request, bucket_of
 
 #: per-instance features: prompt buckets + decode buckets + these
-_PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "kv_footprint", "healthy")
+_PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "work", "healthy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,7 @@ class Featurizer:
     """Turns ``(queue, view)`` into the observation vector for one spec."""
 
     __slots__ = ("spec", "_inv_seqs", "_queue_scale", "_prompt_scale", "_inv_horizon",
-                 "_inv_kv", "_cap", "_ndb", "_zeros_db")
+                 "_work_scale", "_cap", "_ndb", "_zeros_db")
 
     def __init__(self, spec: FeatureSpec):
         self.spec = spec
@@ -109,7 +111,7 @@ class Featurizer:
         self._queue_scale = 1.0 / (4 * spec.max_num_seqs)
         self._prompt_scale = 1.0 / math.log1p(spec.max_model_len)
         self._inv_horizon = spec.min_step_s / spec.completion_horizon_s
-        self._inv_kv = 1.0 / max(1, spec.kv_capacity_tokens)
+        self._work_scale = 1.0 / math.log1p(spec.max_num_seqs * spec.max_model_len)
         self._cap = spec.count_cap
         self._ndb = spec.num_decode_buckets
         self._zeros_db = [0.0] * self._ndb
@@ -139,7 +141,7 @@ class Featurizer:
             out.append(max(-1.0, 1.0 - iv.num_outstanding * inv))
             mr = iv.min_remaining_tokens
             out.append(0.0 if mr is None else min(1.0, max(0, mr) * self._inv_horizon))
-            out.append(min(2.0, iv.predicted_footprint_tokens * self._inv_kv))
+            out.append(min(2.0, math.log1p(iv.work_tokens) * self._work_scale))
             out.append(1.0 if iv.healthy else 0.0)
         if len(out) != spec.obs_dim:
             raise ValueError(f"features: got {len(out)} values, expected {spec.obs_dim} (bucket "
