@@ -1,0 +1,100 @@
+"""Latency of one RL routing decision, featurization included (numpy only).
+
+Builds a realistic cluster state — paper-mix at 20 req/s on ``--instances``
+simulated instances of ``--profile``, routed round robin up to ``--at-s``
+seconds of virtual time (hundreds of outstanding requests per instance) — then
+times ``router.route(queue, view, now_s)`` for the ``wgrl`` router: features,
+action mask, the MLP forward pass and the argmax. It also times the same call
+plus building the ``ClusterView`` snapshot (what the dispatcher does before
+every decision). Median and p99 over ``--repeats`` calls, in microseconds.
+
+The network is the shipped checkpoint for the profile and instance count when
+there is one, else random weights of the same shape (64 hidden units, 128 above
+4 instances): the cost does not depend on the values. Target: <= 100 us.
+Usage: python bench/bench_rl_decision.py [--instances 4] [--repeats 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from lbbench.profiles import load_profile
+from lbbench.routers.rl.features import FeatureSpec
+from lbbench.routers.rl.policy import CheckpointError, QPolicy, WorkloadGuidedRL
+from lbbench.sim.cluster import ClusterSim
+from lbbench.workloads import paper_mix
+
+
+def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:
+    reqs = paper_mix(int(20 * num_instances / 4 * (at_s + 5)), 20.0 * num_instances / 4, seed)
+    sim = ClusterSim(profile, num_instances, reqs, seed=seed)
+    i = 0
+    for r in sim.requests:
+        if r.arrival_s > at_s:
+            break
+        sim.advance(r.arrival_s)
+        while len(sim.queue) > 1:  # keep one request waiting: the head the router decides on
+            sim.dispatch(0, i % num_instances)
+            i += 1
+    sim.advance(at_s)
+    return sim
+
+
+def make_router(profile, num_instances: int, tmp: str) -> tuple[WorkloadGuidedRL, str]:
+    try:
+        return WorkloadGuidedRL(num_instances, profile=profile), "shipped checkpoint"
+    except CheckpointError:
+        spec = FeatureSpec.from_profile(profile, num_instances)
+        hidden = 64 if num_instances <= 4 else 128
+        rng = np.random.default_rng(0)
+        dims = [spec.obs_dim, hidden, hidden, num_instances + 1]
+        weights = [(rng.normal(0, 0.1, (a, b)).astype(np.float32), np.zeros(b, np.float32))
+                   for a, b in zip(dims, dims[1:])]
+        QPolicy(weights, {"num_instances": num_instances, "feature_spec": spec.as_dict(),
+                          "max_defer_s": 30.0}).save(tmp)
+        return WorkloadGuidedRL(num_instances, checkpoint=tmp), "random weights"
+
+
+def time_calls(fn, repeats: int) -> np.ndarray:
+    for _ in range(min(1000, repeats)):  # warm up
+        fn()
+    out = np.empty(repeats)
+    clock = time.perf_counter_ns
+    for k in range(repeats):
+        t0 = clock()
+        fn()
+        out[k] = clock() - t0
+    return out / 1000.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="llama2-7b-v100")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--at-s", type=float, default=60.0, help="virtual time of the snapshot")
+    ap.add_argument("--repeats", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile)
+    sim = build_state(profile, args.instances, args.at_s, args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        router, which = make_router(profile, args.instances, tmp)
+        queue, view, now = sim.queue, sim.view(), sim.now_s
+        outstanding = sum(iv.num_outstanding for iv in view.instances)
+        route_us = time_calls(lambda: router.route(queue, view, now), args.repeats)
+        with_view_us = time_calls(lambda: router.route(queue, sim.view(), now), args.repeats)
+    print(f"wgrl decision, {args.profile} x{args.instances} ({which}, obs {router.spec.obs_dim}, "
+          f"{outstanding} outstanding requests, queue {len(queue)}), {args.repeats} calls:")
+    for label, us in (("route (features + mask + MLP + argmax)", route_us),
+                      ("view snapshot + route", with_view_us)):
+        print(f"  {label:<40} median {np.median(us):7.1f} us   p99 {np.percentile(us, 99):7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
