@@ -7,7 +7,9 @@ and metric the change ``100 * (candidate - baseline) / baseline`` comes with a b
 interval (``stats.bootstrap_change``: paired by seed and request where seeds match).
 
 A metric **regresses** when it is worse by more than the threshold *and* its interval
-excludes zero, so noise alone does not fail a nightly job. Settings that differ between
+excludes zero, so noise alone does not fail a nightly job. Unpaired comparisons with a
+single seed on a side are shown but never gate: a within-seed bootstrap cannot see how much
+a different seed moves the result (tail percentiles especially). Settings that differ between
 the runs are reported as warnings, not errors.
 """
 
@@ -61,11 +63,14 @@ class Row:
     worse_pct: float  # change in the "worse" direction (positive = worse)
     worse_ci: tuple[float, float]
     regression: bool
+    gated: bool = True  # False: one unpaired seed on a side; the interval cannot see seed spread
 
     @property
     def verdict(self) -> str:
         if self.regression:
             return "REGRESSION"
+        if not self.gated:
+            return "not gated (unpaired, 1 seed)"
         if not self.change.excludes_zero:
             return "no significant change"
         return "worse" if self.worse_pct > 0 else "better"
@@ -206,9 +211,17 @@ def compare_runs(baseline: str | Path, candidate: str | Path, metrics: Sequence[
                 sign = 1.0 if spec.lower_is_better else -1.0
                 worse = sign * ch.change_pct
                 lo, hi = sorted((sign * ch.ci_low_pct, sign * ch.ci_high_pct))
+                gated = ch.paired or ch.num_seeds >= 2
                 rows.append(Row(a, b, settings, m, ch, worse, (lo, hi),
-                                worse > max_regression_pct and lo > 0))
+                                gated and worse > max_regression_pct and lo > 0, gated))
+                if not gated and _UNGATED not in warnings:
+                    warnings.append(_UNGATED)
     return Comparison(rows, max_regression_pct, warnings)
+
+
+_UNGATED = ("runs share no seed and one side has a single seed: the seed-to-seed spread is "
+            "unknown, so changes are shown but never fail; rerun with the same seeds (paired) "
+            "or with 2+ seeds on each side")
 
 
 def _show(vals: list) -> str:

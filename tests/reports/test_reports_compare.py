@@ -115,3 +115,13 @@ def test_sim_same_config_other_seeds_passes(tmp_path):
     cmp = compare_runs(base, cand, num_resamples=300)
     assert not cmp.regressed
     assert not cmp.rows[0].change.paired
+
+
+def test_single_unpaired_seed_never_gates(tmp_path):
+    write_run(tmp_path / "a", synthetic_requests(routers=("jsq",), num_requests=150, seeds=(0,)))
+    write_run(tmp_path / "b", synthetic_requests(routers=("jsq",), num_requests=150, seeds=(1,),
+                                                 slowdown={"jsq": 1.5}))
+    cmp = compare_runs(tmp_path / "a", tmp_path / "b", num_resamples=100)
+    assert not cmp.regressed
+    assert all(r.verdict.startswith("not gated") for r in cmp.rows)
+    assert any("single seed" in w for w in cmp.warnings)
