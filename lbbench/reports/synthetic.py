@@ -113,7 +113,8 @@ def synthetic_timeline(requests: pl.DataFrame, step_s: float = 1.0) -> pl.DataFr
 
 
 def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None,
-              complete: bool = True, extra: dict | None = None):
+              complete: bool = True, extra: dict | None = None,
+              note: str = "synthetic run (reports test data, not a simulation)"):
     """Write a run directory (``requests.parquet``, ``summary.parquet``, ``run.toml`` and
     optionally ``timeline.parquet``) the way ``lbbench run`` lays it out."""
     from pathlib import Path
@@ -127,7 +128,7 @@ def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None
     if timeline is not None:
         timeline.write_parquet(out / "timeline.parquet")
     first = requests.row(0, named=True)
-    lines = ["# synthetic run (reports test data, not a simulation)",
+    lines = [f"# {note}",
              f"complete = {'true' if complete else 'false'}",
              f"routers = [{', '.join(repr(r) for r in requests['router'].unique(maintain_order=True))}]"
              .replace("'", '"'),

@@ -64,7 +64,7 @@ def main() -> None:
     for sub, profile_name in (("v100", "llama2-7b-v100"), ("a100", "llama3.1-8b-a100")):
         shutil.rmtree(DATA / sub, ignore_errors=True)
         df, tl = sim_run(profile_name)
-        write_run(DATA / sub, df, tl)
+        write_run(DATA / sub, df, tl, note=f"tiny simulated run for report tests ({profile_name})")
         print(f"{sub}: {df.height} requests, {tl.height} timeline rows")
     shutil.rmtree(DATA / "live", ignore_errors=True)
     live = synthetic_requests(routers=("round_robin", "jsq"), seeds=(0,), num_requests=60,
