@@ -132,3 +132,10 @@ def test_summarize_groups_with_null_keys():
     assert s["order"].to_list() == [None, None, "lh_then_hl", "lh_then_hl"]
     assert s.filter(pl.col("router") == "round_robin")["improvement_vs_round_robin_pct"].to_list() \
         == [0.0, 0.0]
+
+
+def test_incomplete_run_is_flagged(tmp_path):
+    write_run(tmp_path / "cut", synthetic_requests(num_requests=20, seeds=(0,)), complete=False)
+    rep = build_report([tmp_path / "cut"], num_resamples=100)
+    assert "[INCOMPLETE]" in rep.preamble()
+    assert any("incomplete" in w for w in json.loads(rep.render("json"))["warnings"])
