@@ -123,14 +123,17 @@ def parse_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _sides(df: pl.DataFrame, metric: Metric) -> Side:
-    seeds = df["seed"].to_numpy()
+    """Per-seed values of one metric; requests without a value (e.g. no TBT for a
+    one-token answer) are left out, as the summary's means leave out nulls."""
     if metric.rate:
         span = (df.group_by("seed")
                 .agg(span=pl.col("finish_s").max() - pl.col("_first_arrival_s").min(), n=pl.len()))
         scale = {s: (n / sp if sp and sp > 0 else float("nan")) for s, sp, n in span.iter_rows()}
-        return side_from_rows(seeds, df["request_id"].to_numpy(),
-                              df[metric.column].cast(pl.Float64).to_numpy(), scale.__getitem__)
-    return side_from_rows(seeds, df["request_id"].to_numpy(),
+        vals = df[metric.column].cast(pl.Float64).fill_null(0.0)
+        return side_from_rows(df["seed"].to_numpy(), df["request_id"].to_numpy(), vals.to_numpy(),
+                              scale.__getitem__)
+    df = df.filter(pl.col(metric.column).is_not_null() & pl.col(metric.column).is_not_nan())
+    return side_from_rows(df["seed"].to_numpy(), df["request_id"].to_numpy(),
                           df[metric.column].cast(pl.Float64).to_numpy())
 
 

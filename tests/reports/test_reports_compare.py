@@ -125,3 +125,15 @@ def test_single_unpaired_seed_never_gates(tmp_path):
     assert not cmp.regressed
     assert all(r.verdict.startswith("not gated") for r in cmp.rows)
     assert any("single seed" in w for w in cmp.warnings)
+
+
+def test_requests_without_tbt_are_left_out(tmp_path):
+    df = synthetic_requests(routers=("jsq",), num_requests=60, seeds=(0,))
+    df = df.with_columns(tbt_mean_s=pl.when(pl.col("request_id") % 5 == 0).then(None)
+                         .otherwise(pl.col("tbt_mean_s")))
+    write_run(tmp_path / "a", df)
+    write_run(tmp_path / "b", df)
+    cmp = compare_runs(tmp_path / "a", tmp_path / "b", metrics=["mean_tbt_s"], num_resamples=100)
+    row = cmp.rows[0]
+    assert row.change.baseline == pytest.approx(df["tbt_mean_s"].mean())
+    assert row.change.change_pct == 0.0
