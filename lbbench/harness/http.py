@@ -131,12 +131,19 @@ class StreamResult:
         return self.token_times_s[0] if self.token_times_s else None
 
     def tbt_stats_s(self) -> tuple[float | None, float | None, float | None]:
-        """Mean, p99 and max time between tokens (None with fewer than 2 tokens)."""
+        """Mean, p99 (linear interpolation, as numpy's default) and max time
+        between tokens; None with fewer than 2 tokens. Plain Python: short
+        lists are the common case and this runs once per request."""
         t = self.token_times_s
-        if len(t) < 2:
+        n = len(t) - 1
+        if n < 1:
             return None, None, None
-        gaps = np.diff(np.asarray(t, dtype=np.float64))
-        return float(gaps.mean()), float(np.percentile(gaps, 99)), float(gaps.max())
+        gaps = sorted([b - a for a, b in zip(t, t[1:])])
+        pos = 0.99 * (n - 1)
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        p99 = gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo)
+        return (t[-1] - t[0]) / n, p99, gaps[-1]
 
 
 #: Called as ``on_tokens(generated_so_far, time_s)`` whenever tokens arrive.

@@ -136,7 +136,7 @@ class _Replay:
                  model: str, specs: Sequence[InstanceSpec], run_id: str, seed: int,
                  out_dir: Path | None, scrape_interval_s: float | None, request_timeout_s: float,
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
-                 health_interval_s: float, stall_timeout_s: float):
+                 health_interval_s: float, stall_timeout_s: float, warm_connections: int):
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         self.router = router
         self.endpoints = endpoints
@@ -151,6 +151,7 @@ class _Replay:
         self.progress = progress
         self.health_interval_s = health_interval_s
         self.stall_timeout_s = stall_timeout_s
+        self.warm_connections = warm_connections
         self.state = ClusterState(specs)
         self.dispatcher = Dispatcher(router, self.state)
         self.records: list[RequestRecord] = []
@@ -182,6 +183,7 @@ class _Replay:
             async with HttpBackend(model=self.model, clock=self.now, api=self.api,
                                    request_timeout_s=self.request_timeout_s) as backend:
                 self.backend = backend
+                await self._warm_pool()
                 self.t0 = self.loop.time() + 0.01  # a little lead-in for the first arrival
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
@@ -204,6 +206,19 @@ class _Replay:
                             token_times=self.token_times, interrupted=self.interrupted,
                             duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                             model=self.model, clock_origin_s=self.t0)
+
+    async def _warm_pool(self) -> None:
+        """Open ``warm_connections`` keep-alive connections per endpoint before
+        the clock starts, so the first burst does not pay for TCP connects."""
+        async def one(url: str) -> None:
+            try:
+                async with self.backend.session.get(url + "/health",
+                                                    timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+        n = min(self.warm_connections, len(self.requests))
+        await asyncio.gather(*(one(u) for u in self.endpoints for _ in range(n)))
 
     def request_stop(self, why: str) -> None:
         if self.interrupted is None:
@@ -378,7 +393,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                scrape_interval_s: float | None = 1.0, request_timeout_s: float = 600.0,
                api: str = "completions", min_step_s: float = 0.02,
                progress: Callable[[int, int], None] | None = None,
-               health_interval_s: float = 0.5, stall_timeout_s: float = 30.0) -> ReplayResult:
+               health_interval_s: float = 0.5, stall_timeout_s: float = 30.0,
+               warm_connections: int = 16) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -404,7 +420,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      out_dir=Path(out_dir) if out_dir is not None else None,
                      scrape_interval_s=scrape_interval_s, request_timeout_s=request_timeout_s,
                      api=api, min_step_s=min_step_s, progress=progress,
-                     health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s)
+                     health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
+                     warm_connections=warm_connections)
     loop = asyncio.new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}
