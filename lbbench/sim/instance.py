@@ -283,7 +283,11 @@ class SimInstance:
         return best if best is not None else self.waiting[0]
 
     def _plan(self, events: list[Event]) -> None:
-        """Schedule the next step at ``self.now_s`` and decide how many steps it repeats."""
+        """Schedule the next step at ``self.now_s`` and decide how many steps it repeats.
+
+        Decoding requests are not listed in the schedule: they follow the step
+        clock. ``seg_sched`` holds only the prefill work of the step.
+        """
         t = self.now_s
         if not self.running and not self.waiting:
             self.seg_k = 0
@@ -292,45 +296,15 @@ class SimInstance:
         budget = self.budget
         sched: list[tuple[SimRequest, int]] = []
         preempted = False
-        # 1. running requests, in admission order. Budget is reserved for the decoding
-        # requests so that every one of them advances each step (a partially prefilled
-        # request never starves a decode; vLLM reaches the same result by ordering).
-        i = 0
-        all_decode = True
-        dec_left = self.n_dec
-        while i < len(self.running):
-            r = self.running[i]
-            if r.decoding:
-                dec_left -= 1
-                nc = r.key + self.clock
-                need = 1
-                grow = 1 if nc % bs == 0 else 0
-            else:
-                all_decode = False
-                need = min(r.num_tokens - r.num_computed, budget - dec_left)
-                if need <= 0:
-                    i += 1
-                    continue
-                grow = -(-(r.num_computed + need) // bs) - r.blocks
-            while grow > self.num_blocks - self.used_blocks:
-                victim = self.running[-1]
-                preempted = True
-                if victim.decoding and victim is not r:
-                    dec_left -= 1
-                self._preempt(victim, t, events)
-                if victim is r:
-                    break
-            else:
-                self.used_blocks += grow
-                if not r.decoding:
-                    r.blocks += grow
-                sched.append((r, need))
-                budget -= need
-                i += 1
-                continue
-            # r itself was preempted; the list shrank, continue at the same index
-        # 2. waiting requests, unless this step preempted
-        admitted = False
+        demand = self.hist[(-self.clock) % bs] if self.n_dec else 0
+        if self.n_dec == len(self.running) and demand <= self.num_blocks - self.used_blocks:
+            # common case: every running request decodes and their new blocks fit
+            self.used_blocks += demand
+            budget -= self.n_dec
+        else:
+            preempted = self._schedule_running(t, events, sched)
+            budget -= self.n_dec + sum(need for _, need in sched)
+        # waiting requests, unless this step preempted
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 r = self._pick_waiting()
@@ -348,30 +322,22 @@ class SimInstance:
                 r.blocks += grow
                 sched.append((r, need))
                 budget -= need
-                admitted = True
-        if not sched:
+        n = self.n_dec
+        if not sched and not n:
             # nothing fits (every waiting request needs more than is free and nothing runs)
             self.seg_k = 0
             return
-        n = self.n_dec
-        if all_decode and not admitted and not preempted and n == len(sched):
+        decode_a = self._base + self._b * n + self._c * (self.sum_key + n * self.clock + n)
+        if not sched and not preempted:
             # pure decode: repeat until a finish, a failing allocation, or an external event
             k_finish = self._peek_finish() - self.clock
             k = max(1, min(k_finish, self._max_alloc_steps())) if self.skip_ahead else 1
-            self.seg_a = (self._base + self._b * n + self._c * (self.sum_key + n * self.clock + n))
+            self.seg_a = decode_a
             self.seg_b = self._c * n
             self.seg_sched = None
         else:
-            prefill = 0
-            ctx = 0
-            dec = 0
-            for r, need in sched:
-                if r.decoding:
-                    dec += 1
-                    ctx += r.key + self.clock + 1
-                else:
-                    prefill += need
-            self.seg_a = self._base + self._a * prefill + self._b * dec + self._c * ctx
+            prefill = sum(need for _, need in sched)
+            self.seg_a = decode_a + self._a * prefill
             self.seg_b = 0.0
             self.seg_sched = sched
             k = 1
@@ -379,6 +345,48 @@ class SimInstance:
         self.seg_k = k
         if self.check_invariants:
             self._assert_invariants(sched)
+
+    def _schedule_running(self, t: float, events: list[Event], sched: list[tuple[SimRequest, int]]) -> bool:
+        """General case: walk the running requests in admission order, allocating
+        blocks and preempting the newest when they run out. Budget is reserved for
+        the decoding requests so that every one of them advances each step (a
+        partially prefilled request never starves a decode; vLLM reaches the same
+        result by ordering). Returns whether anything was preempted."""
+        bs = self.bs
+        budget = self.budget
+        preempted = False
+        dec_left = self.n_dec
+        i = 0
+        while i < len(self.running):
+            r = self.running[i]
+            if r.decoding:
+                dec_left -= 1
+                need = 1
+                grow = 1 if (r.key + self.clock) % bs == 0 else 0
+            else:
+                need = min(r.num_tokens - r.num_computed, budget - dec_left)
+                if need <= 0:
+                    i += 1
+                    continue
+                grow = -(-(r.num_computed + need) // bs) - r.blocks
+            while grow > self.num_blocks - self.used_blocks:
+                victim = self.running[-1]
+                preempted = True
+                if victim.decoding and victim is not r:
+                    dec_left -= 1
+                self._preempt(victim, t, events)
+                if victim is r:
+                    break
+            else:
+                self.used_blocks += grow
+                if not r.decoding:
+                    r.blocks += grow
+                    sched.append((r, need))
+                budget -= need
+                i += 1
+                continue
+            # r itself was preempted; the list shrank, continue at the same index
+        return preempted
 
     def _peek_finish(self) -> int:
         heap = self.heap
@@ -440,7 +448,7 @@ class SimInstance:
         events.append(StepsAdvanced(self.index, end_s, k))
         if sched is not None:
             for r, need in sched:
-                if r.decoding or r.rid not in self.reqs:
+                if r.rid not in self.reqs:
                     continue
                 r.num_computed += need
                 if r.num_computed == r.num_tokens:
@@ -475,13 +483,12 @@ class SimInstance:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _assert_invariants(self, sched: list[tuple[SimRequest, int]]) -> None:
-        assert sum(need for _, need in sched) <= self.budget, "token budget exceeded"
+        assert self.n_dec + sum(need for _, need in sched) <= self.budget, "token budget exceeded"
         assert 0 <= self.used_blocks <= self.num_blocks, f"blocks out of range {self.used_blocks}"
         assert len(self.running) <= self.max_num_seqs, "max_num_seqs exceeded"
         held = 0
         for r in self.running:
-            nc = (r.key + self.clock) if r.decoding else r.num_computed
-            blocks = -(-nc // self.bs) if r.decoding else r.blocks
-            held += blocks
-        dec_growth = sum(1 for r, _ in sched if r.decoding and (r.key + self.clock) % self.bs == 0)
+            held += -(-(r.key + self.clock) // self.bs) if r.decoding else r.blocks
+        dec_growth = self.hist[(-self.clock) % self.bs] if self.n_dec else 0
         assert held + dec_growth == self.used_blocks, (held, dec_growth, self.used_blocks)
+        assert self.n_dec == sum(1 for r in self.running if r.decoding)
