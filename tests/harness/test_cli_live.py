@@ -62,5 +62,6 @@ def test_serve_sim_serves_until_sigterm(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    with socket.socket() as s:  # the port is free again
+    with socket.socket() as s:  # nothing listens there any more (TIME_WAIT aside)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))

@@ -78,7 +78,7 @@ def pid_file(tmp_path, monkeypatch):
 def test_servers_are_healthy_then_all_gone(tmp_path, pid_file):
     port = _free_ports(2)
     with launch("some/model", 2, log_dir=tmp_path / "logs", port_base=port, health_timeout_s=30,
-                command=[sys.executable, FAKE], max_num_seqs=8, chunked_prefill=False) as urls:
+                command=[sys.executable, FAKE], max_num_seqs=8, chunked_prefill=False, stop_grace_s=2) as urls:
         assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
         for u in urls:
             assert urllib.request.urlopen(u + "/health", timeout=5).status == 200
@@ -92,7 +92,7 @@ def test_servers_are_healthy_then_all_gone(tmp_path, pid_file):
 def test_exception_inside_tears_down(tmp_path, pid_file):
     with pytest.raises(RuntimeError, match="boom"):
         with launch("m", 1, log_dir=tmp_path, port_base=free_port(), health_timeout_s=30,
-                    command=[sys.executable, FAKE]):
+                    command=[sys.executable, FAKE], stop_grace_s=2):
             raise RuntimeError("boom")
     assert _wait_dead(_pids(pid_file)) == []
 
@@ -130,7 +130,7 @@ def test_sigterm_to_the_launching_process_tears_everything_down(tmp_path, pid_fi
         import sys, time
         from lbbench.harness.launcher import launch
         with launch("m", 2, log_dir={str(tmp_path)!r}, port_base={_free_ports(2)}, health_timeout_s=30,
-                    command=[sys.executable, {FAKE!r}]) as urls:
+                    command=[sys.executable, {FAKE!r}], stop_grace_s=2) as urls:
             print("ready", flush=True)
             time.sleep(60)
     """)
