@@ -161,6 +161,9 @@ class _Replay:
         self.in_flight: set[asyncio.Task] = set()
         self.num_arrived = 0
         self.interrupted: str | None = None
+        self.error: BaseException | None = None
+        self.finished = asyncio.Event()  # every request has its record
+        self.stop = asyncio.Event()  # interrupted, or a task crashed
         self._tick: asyncio.TimerHandle | None = None
         self._last_progress_s = 0.0
 
@@ -171,8 +174,6 @@ class _Replay:
     # -- main ----------------------------------------------------------------------------
     async def run(self) -> ReplayResult:
         self.loop = asyncio.get_running_loop()
-        self.finished = asyncio.Event()
-        self.stop = asyncio.Event()
         partial = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -188,6 +189,8 @@ class _Replay:
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
+                for t in tasks:
+                    t.add_done_callback(self._task_done)
                 if not self.requests:
                     self.finished.set()
                 waiters = [asyncio.create_task(self.finished.wait()), asyncio.create_task(self.stop.wait())]
@@ -200,6 +203,8 @@ class _Replay:
         finally:
             if partial is not None:
                 partial.close()
+        if self.error is not None:
+            raise self.error
         complete = self.interrupted is None and len(self.records) == len(self.requests)
         metrics = pl.DataFrame(self.metric_rows, schema=METRICS_SCHEMA, orient="row")
         return ReplayResult(records=self.records, metrics=metrics, complete=complete,
@@ -219,6 +224,16 @@ class _Replay:
                 pass
         n = min(self.warm_connections, len(self.requests))
         await asyncio.gather(*(one(u) for u in self.endpoints for _ in range(n)))
+
+    def _crash(self, exc: BaseException) -> None:
+        """Stop the run and make ``run`` raise ``exc`` (after keeping what finished)."""
+        if self.error is None:
+            self.error = exc
+        self.stop.set()
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._crash(task.exception())
 
     def request_stop(self, why: str) -> None:
         if self.interrupted is None:
@@ -242,13 +257,22 @@ class _Replay:
             self._epoch(now)
 
     def _epoch(self, now: float) -> None:
-        for req, inst in self.dispatcher.decide(now):
+        try:
+            dispatches = self.dispatcher.decide(now)
+        except Exception as exc:  # a router bug (e.g. RouterError) ends the run, loudly
+            self._crash(exc)
+            return
+        for req, inst in dispatches:
             held = now - self.arrived_at.pop(req.request_id, now)
             task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
             self.in_flight.add(task)
-            task.add_done_callback(self.in_flight.discard)
+            task.add_done_callback(self._send_done)
         if len(self.dispatcher) and self._tick is None:
             self._tick = self.loop.call_later(self.min_step_s, self._on_tick)
+
+    def _send_done(self, task: asyncio.Task) -> None:
+        self.in_flight.discard(task)
+        self._task_done(task)
 
     def _on_tick(self) -> None:
         self._tick = None

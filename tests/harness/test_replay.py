@@ -141,3 +141,44 @@ def test_endpoint_normalization(a100_fleet):
     assert normalize_endpoint(url + "/v1/") == url
     assert normalize_endpoint(url.removeprefix("http://")) == url
     assert check_endpoints([url + "/v1"]) == [url]
+
+
+class _BadRouter:
+    """Sends everything to an instance that does not exist."""
+
+    name = "bad"
+
+    def route(self, queue, view, now_s):
+        return (0, view.num_instances)
+
+
+class _HoldFirstRouter:
+    """Defers until 0.3 s, then dispatches the head of the queue to instance 0."""
+
+    name = "hold"
+
+    def route(self, queue, view, now_s):
+        return None if now_s < 0.3 else (0, 0)
+
+
+def test_router_error_ends_the_run_with_that_error(a100_fleet, tmp_path):
+    from lbbench.dispatch import RouterError
+
+    with pytest.raises(RouterError, match="invalid decision"):
+        run_replay([Request(0, 0.0, 8, 4), Request(1, 0.05, 8, 4)], _BadRouter(), a100_fleet.endpoints,
+                   run_id="t", seed=0, out_dir=tmp_path)
+
+
+def test_deferral_epochs_and_planned_send_time(a100_fleet):
+    reqs = [Request(i, 0.01 * i, 8, 4) for i in range(5)]
+    res = run_replay(reqs, _HoldFirstRouter(), a100_fleet.endpoints, run_id="t", seed=0, min_step_s=0.02,
+                     scrape_interval_s=None)
+    assert res.complete
+    for rec in res.records:
+        assert rec.error is None and rec.instance == 0
+        # held by the router until the first epoch after 0.3 s (epochs every 20 ms)
+        assert 0.3 <= rec.dispatch_s < 0.4
+        # the hold is the router's, not the client's: planned send moves with it
+        # (planned = arrival + hold; it trails dispatch_s by the arrival's own lateness)
+        assert rec.dispatch_s - 0.02 <= rec.planned_send_s <= rec.dispatch_s
+        assert rec.actual_send_s - rec.planned_send_s < 0.05
