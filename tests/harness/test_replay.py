@@ -182,3 +182,25 @@ def test_deferral_epochs_and_planned_send_time(a100_fleet):
         # (planned = arrival + hold; it trails dispatch_s by the arrival's own lateness)
         assert rec.dispatch_s - 0.02 <= rec.planned_send_s <= rec.dispatch_s
         assert rec.actual_send_s - rec.planned_send_s < 0.05
+
+
+def test_requests_fail_cleanly_when_every_instance_is_down():
+    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.profiles import load_profile
+
+    reqs = [Request(i, 0.05 * i, 16, 200) for i in range(30)]  # 1.5 s of arrivals, long outputs
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 1)) as fleet:
+        timer = threading.Timer(0.5, fleet.kill, args=(0,))
+        timer.start()
+        try:
+            res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), fleet.endpoints,
+                             run_id="t", seed=0, stall_timeout_s=0.5, health_interval_s=0.1,
+                             scrape_interval_s=None)
+        finally:
+            timer.cancel()
+    assert res.complete and len(res.records) == 30
+    errors = [r.error for r in res.records]
+    assert all(e is not None for e in errors)  # nothing could finish 200 tokens in 0.5 s
+    assert any(e.startswith("connection error") for e in errors)
+    never = [r for r in res.records if r.error.startswith("not dispatched: no healthy instance")]
+    assert never and all(r.instance == -1 and r.actual_send_s is None for r in never)
