@@ -288,10 +288,12 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
                         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
                 else:
                     env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-                cmd = prefix + server_args(model_path, served_name, port, chunked_prefill=chunked_prefill,
-                                           max_num_seqs=max_num_seqs,
-                                           max_num_batched_tokens=max_num_batched_tokens, cpu=cpu,
-                                           extra_args=extra_args)
+                args = server_args(model_path, served_name, port, chunked_prefill=chunked_prefill,
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   cpu=cpu, extra_args=extra_args)
+                if prefix[-1] == "serve":  # `vllm serve MODEL ...` takes the model positionally
+                    args = [args[1]] + args[2:]
+                cmd = prefix + args
                 log_path = log_dir / f"server-{i}.log"
                 with open(log_path, "ab") as log:
                     log.write(f"$ {' '.join(cmd)}\n".encode())

@@ -163,3 +163,34 @@ def test_busy_port_is_a_clear_error(tmp_path):
         with pytest.raises(LaunchError, match=rf"--port-base {port}: port {port} is already in use"):
             with launch("m", 1, log_dir=tmp_path, port_base=port, command=[sys.executable, FAKE]):
                 pass
+
+
+def test_one_server_per_gpu_pinned_to_it(tmp_path, pid_file, monkeypatch):
+    import lbbench.harness.launcher as launcher
+
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: ["2", "5"])
+    with launch("org/model", None, log_dir=tmp_path, port_base=_free_ports(2), health_timeout_s=30,
+                command=[sys.executable, FAKE, "serve"], stop_grace_s=2) as urls:
+        assert len(urls) == 2  # one per visible GPU by default
+    for i, gpu in enumerate(["2", "5"]):
+        log = (tmp_path / f"server-{i}.log").read_text()
+        assert f"env CUDA_VISIBLE_DEVICES={gpu}" in log
+        assert "env VLLM_CPU_OMP_THREADS_BIND=None" in log
+        assert "--enforce-eager" not in log
+        assert f"serve org/model --host" in log  # `vllm serve MODEL`: positional
+    with pytest.raises(LaunchError, match="--instances 3: only 2 GPU"):
+        with launch("m", 3, log_dir=tmp_path, command=[sys.executable, FAKE]):
+            pass
+
+
+def test_cpu_servers_split_the_cores(tmp_path, pid_file, monkeypatch):
+    import lbbench.harness.launcher as launcher
+
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: [])
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    with launch("m", 2, log_dir=tmp_path, port_base=_free_ports(2), health_timeout_s=30,
+                command=[sys.executable, FAKE], stop_grace_s=2):
+        pass
+    assert "env VLLM_CPU_OMP_THREADS_BIND=0-1" in (tmp_path / "server-0.log").read_text()
+    assert "env VLLM_CPU_OMP_THREADS_BIND=2-3" in (tmp_path / "server-1.log").read_text()
+    assert "--enforce-eager" in (tmp_path / "server-0.log").read_text()
