@@ -70,11 +70,11 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     wall_s = time.perf_counter() - t0
     out = Path(out_dir)
     (out / "train_time.json").write_text(json.dumps({"wall_s": round(wall_s, 2)}) + "\n")
-    best = curve.filter(curve["epsilon"] == 0.0)
+    val = curve["val_e2e_s"].drop_nans()
     line = (f"trained {cfg.router} for {cfg.profile} x{cfg.instances}: {cfg.episodes} episodes in "
             f"{wall_s:.0f} s; last episode mean E2E {curve['mean_e2e_s'][-1]:.2f} s")
-    if best.height:
-        line += f", best greedy {best['mean_e2e_s'].min():.2f} s"
+    if len(val):
+        line += f"; exported network: validation mean E2E {val.min():.2f} s"
     click.echo(line)
     click.echo(f"checkpoint: {out / 'policy.npz'}  curve: {out / 'curve.parquet'}")
 

@@ -68,6 +68,8 @@ class TrainConfig:
     """Instance-level scheduler of the simulated engines."""
     chunked_prefill: bool | None = None
     """Force chunked prefill on/off (default: the profile's)."""
+    val_seeds: int = 2
+    """Validation workloads that pick the exported network among the greedy episodes."""
     train_seed_base: int = 1_000_000
     """Offset of the training workload seeds (kept away from evaluation seeds)."""
 

@@ -11,9 +11,11 @@ from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
 
 Each episode appends a row to the training curve (episode, reward, mean_e2e_s,
 loss, q_mean, ...; a Polars table written to ``curve.parquet``). The exported
-policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network
-with the lowest mean E2E over the greedy episodes (or the last one when there
-were none); ``last/policy.npz`` holds the final network. Training workloads use
+policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network,
+among those at the end of each greedy episode, with the lowest mean E2E on
+``val_seeds`` fixed validation workloads (seeds just below the training seeds,
+routed through ``ClusterSim.run`` like an evaluation); the last network when
+there was no greedy episode. ``last/policy.npz`` holds the final network. Training workloads use
 seeds ``train_seed_base + 1000 * seed + episode``, disjoint from the evaluation
 seeds ``0..N`` that ``lbbench run --seeds N`` uses.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -94,6 +97,23 @@ def export_policy(q: QNetwork, meta: dict) -> QPolicy:
     return QPolicy(weights, meta)
 
 
+def validate(policy: QPolicy, profile: Profile, cfg: TrainConfig, workloads: list) -> float:
+    """Mean E2E (s) of a greedy policy over fixed validation workloads, routed by
+    the numpy router through ``ClusterSim.run`` exactly as ``lbbench run`` does."""
+    from lbbench.routers.rl.policy import ROUTER_CLASSES
+    from lbbench.sim.cluster import ClusterSim
+    with tempfile.TemporaryDirectory() as tmp:
+        policy.save(tmp)
+        router = ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp)
+    e2e = []
+    for k, reqs in enumerate(workloads):
+        recs = ClusterSim(profile, cfg.instances, reqs, seed=cfg.train_seed_base - 1 - k,
+                          instance_scheduler=cfg.instance_scheduler,
+                          chunked_prefill=cfg.chunked_prefill).run(router)
+        e2e += [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
+    return float(np.mean(e2e))
+
+
 def epsilon_at(cfg: TrainConfig, episode: int) -> float:
     if episode >= cfg.explore_episodes:
         return 0.0
@@ -124,6 +144,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
             "train_config": dataclasses.asdict(cfg), "lbbench_version": __version__}
 
+    validation = [make_workload(cfg.workload, cfg.requests, cfg.rate)(cfg.train_seed_base - 1 - k)
+                  for k in range(cfg.val_seeds)]
     rows: list[dict] = []
     best: tuple[float, QPolicy] | None = None
     step = 0
@@ -180,8 +202,12 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                "preemptions": int(sum(r.num_preemptions or 0 for r in recs)),
                "wall_s": time.perf_counter() - t_start}
         rows.append(row)
-        if eps == 0.0 and (best is None or row["mean_e2e_s"] < best[0]):
-            best = (row["mean_e2e_s"], export_policy(q, dict(meta, episode=episode)))
+        row["val_e2e_s"] = float("nan")
+        if eps == 0.0 and cfg.val_seeds > 0:
+            policy = export_policy(q, dict(meta, episode=episode))
+            row["val_e2e_s"] = validate(policy, prof, cfg, validation)
+            if best is None or row["val_e2e_s"] < best[0]:
+                best = (row["val_e2e_s"], policy)
         bar.update(row)
     bar.close()
 
