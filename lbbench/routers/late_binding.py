@@ -67,20 +67,24 @@ _DEFAULT_STEP_S = 0.02
 class LateBindingParams:
     """Every knob of the router, with its default and why."""
 
-    kv_slack: float = 0.3
-    """Fraction of KV capacity the gate may overbook (0 = the projected peak
-    must fit exactly; 0.2 = up to 120 %). Predictions are bucket upper bounds
-    (over-estimates when right), so the projected peak is already pessimistic;
-    0 keeps preemptions near zero with an oracle and rare with a 79 %-accurate
-    predictor. Raise it when predictions are systematically too high."""
+    kv_slack: float = 1.0
+    """Fraction of KV capacity the gate may overbook: the projected peak may
+    reach ``(1 + kv_slack) x`` capacity (0 = must fit exactly). The projection
+    is pessimistic (every outstanding request is assumed to run to its planned
+    length, and they all peak together), a preemption in vLLM hits the newest
+    request, which has little to recompute, and a half-empty cache halves a
+    KV-bound instance's throughput, which costs more than the occasional
+    recompute. On the paper setup 0 leaves the cache under-used (makespan +7 %,
+    p99 above round robin's); 1.0 keeps it full with fewer preemptions than
+    round robin; beyond 1.0 nothing improves (docs/late_binding.md)."""
 
     max_wait_s: float = 120.0
     """Aging bound (seconds at the router): an older request is released first,
     in arrival order, and nothing is backfilled past it. Large values approach
-    pure shortest-job-first (best mean, long requests wait for a lull); small
-    values approach FCFS. 120 s keeps the p99 of the paper's overloaded setup at
-    or below round robin's while keeping most of the mean gain (see
-    docs/late_binding.md for the sweep)."""
+    pure shortest-job-first (best mean; long requests wait for a lull, p99
+    grows); small values approach FCFS (the mean gain vanishes). 120 s keeps the
+    p99 of the paper's overloaded setup clearly below round robin's while
+    keeping most of the mean gain (docs/late_binding.md has the sweep)."""
 
     order: str = "kv_time"
     """Release order: ``kv_time`` (predicted KV-token-steps, output x (prompt +
