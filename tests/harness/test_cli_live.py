@@ -65,3 +65,44 @@ def test_serve_sim_serves_until_sigterm(tmp_path):
     with socket.socket() as s:  # nothing listens there any more (TIME_WAIT aside)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+def _serve_sim(port: int, profile: str = "llama3.1-8b-a100") -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from lbbench.cli import main; main()", "serve-sim", "--instances", "1",
+         "--profile", profile, "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def test_sigkilled_serve_sim_process_mid_run():
+    """Two serve-sim processes; one is SIGKILLed mid-run: its in-flight requests
+    fail with a connection error, the rest of the run completes on the other."""
+    import threading
+
+    from lbbench.core import Request
+    from lbbench.harness.replay import run_replay
+    from lbbench.routers import get_router
+
+    servers = [_serve_sim(free_port()) for _ in range(2)]
+    try:
+        urls = [u for _, u in servers]
+        assert all(u.startswith("http://") for u in urls)
+        reqs = [Request(i, i / 80.0, 64, 80) for i in range(200)]  # 2.5 s at 80 req/s
+        timer = threading.Timer(1.0, servers[1][0].kill)
+        timer.start()
+        try:
+            res = run_replay(reqs, get_router("jsq", num_instances=2, seed=0), urls, run_id="k", seed=0,
+                             scrape_interval_s=0.5)
+        finally:
+            timer.cancel()
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+            proc.wait(10)
+    assert res.complete and len(res.records) == 200
+    failed = [r for r in res.records if r.error is not None]
+    assert failed and all(r.instance == 1 and "connection" in r.error for r in failed)
+    assert all(r.generated_tokens == 80 for r in res.records if r.error is None)
+    last_on_1 = max(r.dispatch_s for r in res.records if r.instance == 1)
+    assert any(r.dispatch_s > last_on_1 + 0.5 for r in res.records)  # the run went on without it
