@@ -210,7 +210,7 @@ class HttpBackend:
             res.connection_error = True
         except aiohttp.ClientError as exc:
             res.error = f"client error: {type(exc).__name__}: {exc}"
-        except ValueError as exc:  # malformed JSON in the stream
+        except json.JSONDecodeError as exc:  # malformed JSON in the stream
             res.error = f"bad stream: {exc}"
         if res.error is not None:
             res.finish_s = None  # failed requests have no finish time
