@@ -91,8 +91,11 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
               show_default=True, help="Chunked prefill (default: as the profile says).")
 @click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),
               help="Also write the endpoint URLs to this file.")
+@click.option("--allow-kill", is_flag=True,
+              help="Fault injection: POST /lbbench/kill to an instance crashes it (drops its connections).")
 def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model_name: str | None,
-                  instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None) -> None:
+                  instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None,
+                  allow_kill: bool) -> None:
     """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator."""
     from .harness.emulator import FleetConfig, resolve_profile, serve_forever
 
@@ -104,7 +107,8 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
         raise click.BadParameter(str(exc).removeprefix("--profile: "), param_hint="--profile") from None
     cfg = FleetConfig(prof, instances, host=host, port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
-                      chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill])
+                      chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
+                      allow_kill=allow_kill)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -18,7 +18,9 @@ text ``" t<id>"``.
 ``zero_latency_profile()`` makes every engine step take a microsecond, for
 measuring the client alone. ``EmulatorFleet`` runs a fleet in a background
 thread (tests, benchmarks) and can ``kill`` one instance abruptly: it stops
-listening and drops every open connection, as a crashed server would.
+listening and drops every open connection, as a crashed server would. A fleet
+started with ``allow_kill`` (``serve-sim --allow-kill``) also lets a client crash
+one instance with ``POST /lbbench/kill``.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class EmulatedInstance:
     """One emulated server: an aiohttp app around a ``SimInstance``."""
 
     def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
-                 scheduler: str = "fcfs", chunked_prefill: bool | None = None):
+                 scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False):
         self.profile = profile
         self.index = index
         self.model = model or profile.model or "sim"
@@ -123,6 +125,7 @@ class EmulatedInstance:
         self.generation_tokens_total = 0
         self.num_finished_total = 0
         self.alive = False
+        self.allow_kill = allow_kill
 
     # -- clock -----------------------------------------------------------------------
     def now(self) -> float:
@@ -139,6 +142,8 @@ class EmulatedInstance:
             web.post("/v1/completions", self._completions),
             web.post("/v1/chat/completions", self._chat),
         ])
+        if self.allow_kill:
+            app.add_routes([web.post("/lbbench/kill", self._kill)])
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
         await self.runner.setup()
         self.site = web.TCPSite(self.runner, host, port, reuse_address=True)
@@ -253,6 +258,14 @@ class EmulatedInstance:
             self._poke()
 
     # -- HTTP handlers ---------------------------------------------------------------
+    async def _kill(self, request: web.Request) -> web.Response:
+        """Fault injection (``serve-sim --allow-kill``): crash this instance just
+        after answering."""
+        def crash() -> None:
+            self._kill_task = asyncio.ensure_future(self.kill())
+        asyncio.get_running_loop().call_later(0.05, crash)
+        return web.json_response({"killed": self.index})
+
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -388,6 +401,7 @@ class FleetConfig:
     model: str | None = None
     scheduler: str = "fcfs"
     chunked_prefill: bool | None = None
+    allow_kill: bool = False  # serve POST /lbbench/kill (fault injection)
 
 
 async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
@@ -396,7 +410,7 @@ async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
     for i in range(cfg.num_instances):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
         inst = EmulatedInstance(cfg.profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
-                                chunked_prefill=cfg.chunked_prefill)
+                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill)
         try:
             await inst.start(cfg.host, port)
         except OSError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -71,3 +72,19 @@ def test_bad_requests_get_http_errors(a100_fleet):
     # longer than the profile's max_model_len (8192)
     status, raw = _post(base + "/v1/completions", {"prompt": [1] * 9000, "max_tokens": 4})
     assert status == 400 and b"max_model_len" in raw
+
+
+def test_kill_endpoint_only_when_allowed(a100_fleet):
+    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.profiles import load_profile
+
+    assert _post(a100_fleet.endpoints[0] + "/lbbench/kill", {})[0] == 404
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2, allow_kill=True)) as fleet:
+        status, raw = _post(fleet.endpoints[1] + "/lbbench/kill", {})
+        assert status == 200 and json.loads(raw) == {"killed": 1}
+        deadline = time.monotonic() + 5
+        while fleet.instances[1].alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(OSError):
+            urllib.request.urlopen(fleet.endpoints[1] + "/health", timeout=2)
+        assert urllib.request.urlopen(fleet.endpoints[0] + "/health", timeout=2).status == 200
