@@ -2,11 +2,12 @@
 CPU, fp32 and dynamic-int8, for requests with a task (one encoder pass) and
 without (task head first, then the bucket head: two passes).
 
-    python bench/bench_predictor.py [--model DIR] [--data CORPUS] [--repeats 5]
+    python bench/bench_predictor.py [--model DIR] [--data CORPUS] [--repeats 5] [--threads N]
 
 Without ``--model`` the bundled all-MiniLM-L6-v2 encoder with untrained heads
 is timed (same architecture, same cost). Without ``--data`` synthetic prompts
-of 15-60 words are used. Prints one table; ``--json`` prints JSON instead.
+of 15-60 words are used. Under CPU contention one thread is often faster than
+two (OpenMP workers wait for a core), hence ``--threads``. Prints one table; ``--json`` prints JSON instead.
 """
 
 from __future__ import annotations
@@ -52,11 +53,14 @@ def main() -> None:
     ap.add_argument("--data", help="corpus to take prompts from")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch default)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     import torch
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from lbbench.predict.text import TextPredictor, untrained_predictor
 
     reqs = _requests(args.data, args.batch, 0)

@@ -96,13 +96,16 @@ def predictor() -> None:
 @click.option("--max-length", type=click.IntRange(8, 512), default=128, show_default=True)
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--lr", type=click.FloatRange(0.0, min_open=True), default=1e-4, show_default=True)
-@click.option("--freeze-layers", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--freeze-layers", type=click.IntRange(0), default=0, show_default=True,
+              help="freeze the embeddings and this many lower encoder layers")
+@click.option("--num-layers", type=click.IntRange(0), default=0, show_default=True,
+              help="keep only this many lower encoder layers (0: all); fewer is faster")
 @click.option("--estimator", type=click.Choice(["gbdt", "random_forest"]), default="gbdt", show_default=True,
               help="metadata model")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_examples, models, test_fraction,
-              max_length, batch_size, lr, freeze_layers, estimator, seed, fmt) -> None:
+              max_length, batch_size, lr, freeze_layers, num_layers, estimator, seed, fmt) -> None:
     """Train a predictor and print its held-out evaluation."""
     prof = None
     if profile:
@@ -129,7 +132,7 @@ def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_example
 
         cfg = TextTrainConfig(encoder=encoder or "", objective="task" if kind == "task" else "bucket+task",
                               max_length=max_length, epochs=epochs, batch_size=batch_size, lr=lr,
-                              freeze_layers=freeze_layers, seed=seed)
+                              freeze_layers=freeze_layers, num_layers=num_layers, seed=seed)
         try:
             model = train_text_model(train, bucket_scheme, cfg, log=log)
         except OSError as exc:

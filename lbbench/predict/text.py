@@ -68,6 +68,8 @@ class TextTrainConfig:
     """encoder learning rate (heads use 10x)"""
     freeze_layers: int = 0
     """freeze the embeddings and this many lower transformer layers"""
+    num_layers: int = 0
+    """keep only this many lower transformer layers (0: all); fewer is cheaper"""
     hint_dropout: float = 0.25
     """share of rows trained without the task hint"""
     min_task_count: int = 2
@@ -97,7 +99,7 @@ def _torch():
     return torch
 
 
-def _build_net(encoder_path: str, num_buckets: int, num_tasks: int):
+def _build_net(encoder_path: str, num_buckets: int, num_tasks: int, num_layers: int = 0):
     torch = _torch()
     from transformers import AutoModel
     from transformers.utils import logging as hf_logging
@@ -108,6 +110,10 @@ def _build_net(encoder_path: str, num_buckets: int, num_tasks: int):
         def __init__(self) -> None:
             super().__init__()
             self.encoder = AutoModel.from_pretrained(encoder_path)
+            if 0 < num_layers < self.encoder.config.num_hidden_layers:
+                # keep the lower layers only: cost scales with depth
+                self.encoder.encoder.layer = self.encoder.encoder.layer[:num_layers]
+                self.encoder.config.num_hidden_layers = num_layers
             hidden = self.encoder.config.hidden_size
             self.dropout = torch.nn.Dropout(0.1)
             self.bucket_head = torch.nn.Linear(hidden, num_buckets)
@@ -161,19 +167,25 @@ class TextPredictor:
         self.max_length = int(config.train.get("max_length", 128))
 
     # -- inference ----------------------------------------------------------------------
-    def _logits(self, texts: Sequence[str], batch_size: int = 64):
+    def _logits(self, texts: Sequence[str], micro_batch: int = 16):
+        """Bucket and task logits. Rows are sorted by token length and run in
+        micro-batches of similar length, so padding costs little."""
         torch = _torch()
-        outs_b, outs_t = [], []
+        nb, nt = self.scheme.num_buckets, max(1, len(self.tasks))
+        if not texts:
+            return torch.zeros((0, nb)), torch.zeros((0, nt))
+        ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out_b, out_t = torch.empty((len(ids), nb)), torch.empty((len(ids), nt))
+        pad_id = self.tokenizer.pad_token_id or 0
         with torch.inference_mode():
-            for i in range(0, len(texts), batch_size):
-                enc = self.tokenizer(list(texts[i:i + batch_size]), truncation=True, max_length=self.max_length,
-                                     padding=True, return_tensors="pt")
-                b, t = self.net(enc["input_ids"], enc["attention_mask"])
-                outs_b.append(b)
-                outs_t.append(t)
-        if not outs_b:
-            return torch.zeros((0, self.scheme.num_buckets)), torch.zeros((0, max(1, len(self.tasks))))
-        return torch.cat(outs_b), torch.cat(outs_t)
+            for k in range(0, len(order), micro_batch):
+                rows = order[k:k + micro_batch]
+                x, mask = _pad([ids[i] for i in rows], pad_id)
+                b, t = self.net(x, mask)
+                out_b[rows] = b
+                out_t[rows] = t
+        return out_b, out_t
 
     def predict_tasks(self, prompts: Sequence[str]) -> list[str | None]:
         if not self.tasks:
@@ -304,7 +316,7 @@ def train_text_model(train: Sequence[Example], scheme: BucketScheme, cfg: TextTr
         raise ValueError(f"--kind task: no task label occurs at least {cfg.min_task_count} times")
 
     tokenizer = AutoTokenizer.from_pretrained(encoder)
-    net = _build_net(encoder, scheme.num_buckets, len(tasks))
+    net = _build_net(encoder, scheme.num_buckets, len(tasks), cfg.num_layers)
     if cfg.freeze_layers > 0:
         for p in net.encoder.embeddings.parameters():
             p.requires_grad = False

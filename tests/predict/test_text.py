@@ -25,6 +25,9 @@ def test_hint_text():
     assert hint_text("Sum it up", None) == "Sum it up"
 
 
+pytestmark_slow = pytest.mark.slow  # loads MiniLM several times and fine-tunes it (~35 s CPU)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, rows_factory):
     from lbbench.predict.data import Example, count_tokens
@@ -38,6 +41,7 @@ def tiny_model(tmp_path_factory, rows_factory):
     return model, out, ex
 
 
+@pytestmark_slow
 def test_train_save_load_predict(tiny_model):
     model, out, ex = tiny_model
     assert model.config.num_train_examples == 48
@@ -64,6 +68,7 @@ def test_train_save_load_predict(tiny_model):
     assert set(int8.predict_tasks([e.prompt for e in ex[:6]])) <= set(model.tasks)
 
 
+@pytestmark_slow
 def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
     _, out, _ = tiny_model
     data = tmp_path / "eval.jsonl"
