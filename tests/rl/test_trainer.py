@@ -57,3 +57,28 @@ def test_epsilon_schedule():
 def test_unknown_workload():
     with pytest.raises(ValueError, match="--workload"):
         tr.make_workload("nope", 10, 1.0)
+
+
+def test_permute_instances_relabels_consistently():
+    rng = np.random.default_rng(0)
+    head, m, k = 2, 3, 4
+    n = 50
+    obs = rng.normal(size=(n, head + m * k)).astype(np.float32)
+    nxt = rng.normal(size=(n, head + m * k)).astype(np.float32)
+    action = rng.integers(0, m + 1, size=n)
+    mask = rng.random((n, m + 1)) < 0.5
+    o2, a2, n2, mk2 = tr.permute_instances(rng, obs, action, nxt, mask, head, m, k)
+    assert np.array_equal(o2[:, :head], obs[:, :head])
+    for i in range(n):
+        blocks, blocks2 = obs[i, head:].reshape(m, k), o2[i, head:].reshape(m, k)
+        if action[i] == m:
+            assert a2[i] == m
+        else:  # the chosen instance's features moved with the action
+            assert np.array_equal(blocks2[a2[i]], blocks[action[i]])
+        # the same multiset of instance blocks, masks moved with them
+        assert sorted(map(tuple, blocks2)) == sorted(map(tuple, blocks))
+        nb, nb2 = nxt[i, head:].reshape(m, k), n2[i, head:].reshape(m, k)
+        for j in range(m):
+            src = next(s for s in range(m) if np.array_equal(nb2[j], nb[s]))
+            assert mk2[i, j] == mask[i, src]
+        assert mk2[i, m] == mask[i, m]

@@ -54,6 +54,8 @@ class TrainConfig:
     """Exploration rate reached at the last exploring episode."""
     explore_episodes: int = 20
     """Episodes with exploration; greedy from then on."""
+    permute_instances: bool = False
+    """Relabel instances by a random permutation in every replayed transition (symmetry augmentation)."""
     reward_scale: float = 1e-3
     """Rewards are multiplied by this before learning (keeps Q values O(1-100))."""
     r_w: float = 60.0

@@ -83,11 +83,41 @@ class ReplayBuffer:
         self.pos = (i + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
-    def sample(self, rng: np.random.Generator, n: int):
+    def sample(self, rng: np.random.Generator, n: int, permute: tuple[int, int, int] | None = None):
+        """A batch of ``n`` transitions; with ``permute = (head_dim, num_instances,
+        per_instance_dim)`` each is relabelled by a random instance permutation."""
         idx = rng.integers(0, self.size, size=n)
-        return (torch.from_numpy(self.obs[idx]), torch.from_numpy(self.action[idx]),
-                torch.from_numpy(self.reward[idx]), torch.from_numpy(self.next_obs[idx]),
-                torch.from_numpy(self.next_mask[idx]), torch.from_numpy(self.done[idx]))
+        obs, act, next_obs, mask = self.obs[idx], self.action[idx], self.next_obs[idx], self.next_mask[idx]
+        if permute is not None:
+            obs, act, next_obs, mask = permute_instances(rng, obs, act, next_obs, mask, *permute)
+        return (torch.from_numpy(obs), torch.from_numpy(act), torch.from_numpy(self.reward[idx]),
+                torch.from_numpy(next_obs), torch.from_numpy(mask), torch.from_numpy(self.done[idx]))
+
+
+def permute_instances(rng: np.random.Generator, obs: np.ndarray, action: np.ndarray,
+                      next_obs: np.ndarray, next_mask: np.ndarray, head_dim: int, m: int, k: int):
+    """Relabel the (identical) instances of each transition by a random
+    permutation: instance block ``j`` of the new observation is block
+    ``perm[j]`` of the old one, so action ``a < m`` becomes ``inv[a]`` and the
+    mask moves with the blocks; defer (action ``m``) is unchanged. The MDP is
+    symmetric under this relabelling, so every stored transition teaches the
+    network about all ``m!`` orderings (no instance can be learned to be
+    "special")."""
+    n = len(action)
+    perm = np.argsort(rng.random((n, m)), axis=1)  # row i: a uniform permutation
+    inv = np.argsort(perm, axis=1)
+    rows = np.arange(n)[:, None]
+
+    def blocks(x: np.ndarray) -> np.ndarray:
+        inst = x[:, head_dim:].reshape(n, m, k)[rows, perm]
+        return np.concatenate([x[:, :head_dim], inst.reshape(n, m * k)], axis=1)
+
+    new_action = action.copy()
+    routed = action < m
+    new_action[routed] = inv[np.flatnonzero(routed), action[routed]]
+    new_mask = next_mask.copy()
+    new_mask[:, :m] = next_mask[:, :m][rows, perm]
+    return blocks(obs), new_action, blocks(next_obs), new_mask
 
 
 def export_policy(q: QNetwork, meta: dict) -> QPolicy:
@@ -140,6 +170,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     q_target.load_state_dict(q.state_dict())
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     buf = ReplayBuffer(cfg.buffer_size, obs_dim, n_act)
+    spec = env.feature_spec
+    permute = ((spec.obs_dim - cfg.instances * spec.per_instance_dim, cfg.instances,
+                spec.per_instance_dim) if cfg.permute_instances else None)
     meta = {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
             "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
             "train_config": dataclasses.asdict(cfg), "lbbench_version": __version__}
@@ -174,7 +207,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             step += 1
 
             if step >= cfg.learning_starts and step % cfg.train_every == 0:
-                b_obs, b_act, b_rew, b_next, b_mask, b_done = buf.sample(rng, cfg.batch_size)
+                b_obs, b_act, b_rew, b_next, b_mask, b_done = buf.sample(rng, cfg.batch_size, permute)
                 with torch.no_grad():
                     online_next = q(b_next).masked_fill(~b_mask, -torch.inf)
                     best_next = online_next.argmax(dim=1, keepdim=True)
