@@ -34,6 +34,10 @@ def _options(fn):
             fn = click.option(flag, type=click.Choice(["on", "off", "profile"]), default="profile",
                               show_default=True, help=helps[f.name])(fn)
             continue
+        if isinstance(f.default, bool):
+            fn = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default, show_default=True,
+                              help=helps[f.name])(fn)
+            continue
         typ = type(f.default)
         if f.name == "router":
             typ = click.Choice(["baseline_rl", "wa_rl", "wgrl"])
