@@ -8,6 +8,11 @@ at the same instant if requests are still queued (the dispatcher keeps asking
 until the router defers); after a defer virtual time advances by one decision
 epoch ``Δt = profile.min_step_s``.
 
+``ClusterSim.run`` additionally offers the queue to the router when a request
+completes; the environment retries a deferred head only after ``Δt``, so a
+deferred request may be routed up to one ``Δt`` later in training than in an
+evaluation run (tests compare the two on a fixed policy).
+
 **Skipped epochs.** When the queue is empty the only valid action is to defer,
 so the environment does not ask: it advances straight to the next arrival
 (``skip_empty=True``, the default). The simulated trajectory is identical either
