@@ -54,6 +54,9 @@ from .http import HttpBackend, StreamResult
 from .metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
+#: The scheduler wakes this much before an arrival and yields to other tasks
+#: until it is due (the event loop's sleeps are only millisecond-precise).
+EARLY_WAKE_S = 0.0005
 METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.Int64,
                   "num_waiting": pl.Int64, "kv_usage": pl.Float64, "num_preemptions": pl.Int64}
 
@@ -152,6 +155,7 @@ class _Replay:
         self.health_interval_s = health_interval_s
         self.stall_timeout_s = stall_timeout_s
         self.warm_connections = warm_connections
+        self.early_wake_s = EARLY_WAKE_S
         self.state = ClusterState(specs)
         self.dispatcher = Dispatcher(router, self.state)
         self.records: list[RequestRecord] = []
@@ -244,10 +248,16 @@ class _Replay:
     async def _schedule(self) -> None:
         reqs = self.requests
         i, n = 0, len(reqs)
+        early_s = self.early_wake_s
         while i < n:
-            delay = reqs[i].arrival_s - self.now()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            target = reqs[i].arrival_s
+            delay = target - self.now()
+            if delay > early_s:
+                # the selector rounds its timeout up to a whole millisecond: wake a
+                # little early and give the last fraction to other tasks instead
+                await asyncio.sleep(delay - early_s)
+            while self.now() < target:
+                await asyncio.sleep(0)
             now = self.now()
             while i < n and reqs[i].arrival_s <= now:
                 self.dispatcher.arrive(reqs[i])
