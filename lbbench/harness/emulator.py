@@ -180,7 +180,17 @@ class EmulatedInstance:
     def _progress(self, now_s: float) -> tuple[int, float | None]:
         """Steps of the running pure-decode segment finished by ``now_s`` and the end
         of the next step. The simulator only advances whole segments; streaming
-        needs the tokens inside one, which follow from its step-time series."""
+        needs the tokens inside one, which follow from its step-time series.
+
+        This reads the simulator's segment state (``seg_*``, ``_cum``,
+        ``_steps_done_by``); should those change, streaming falls back to one
+        burst per segment (the timing tests then fail loudly)."""
+        try:
+            return self._segment_progress(now_s)
+        except AttributeError:
+            return 0, None
+
+    def _segment_progress(self, now_s: float) -> tuple[int, float | None]:
         sim = self.sim
         k = sim.seg_k
         if k == 0:
@@ -220,7 +230,7 @@ class EmulatedInstance:
             now = self.now()
             self._apply(sim.advance(now))
             m, next_step = self._progress(now)
-            if sim.seg_k and sim.seg_sched is None:
+            if streams:
                 for s in streams.values():
                     if s.done:
                         continue
