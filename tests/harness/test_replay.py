@@ -9,6 +9,8 @@ import time
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lbbench.core import Request
 from lbbench.harness.emulator import free_port
@@ -204,3 +206,21 @@ def test_requests_fail_cleanly_when_every_instance_is_down():
     assert any(e.startswith("connection error") for e in errors)
     never = [r for r in res.records if r.error.startswith("not dispatched: no healthy instance")]
     assert never and all(r.instance == -1 and r.actual_send_s is None for r in never)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.floats(0.0, 0.3), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25),
+       st.sampled_from(["round_robin", "jsq", "random"]))
+def test_every_request_ends_exactly_once_with_consistent_times(zero_fleet, rows, router_name):
+    reqs = [Request(i, t, p, o) for i, (t, p, o) in enumerate(rows)]  # bursts: equal times allowed
+    res = run_replay(reqs, get_router(router_name, num_instances=2, seed=0), zero_fleet.endpoints, run_id="p",
+                     seed=0, scrape_interval_s=None, warm_connections=2)
+    assert res.complete
+    assert sorted(r.request_id for r in res.records) == list(range(len(reqs)))
+    by_id = {r.request_id: r for r in reqs}
+    for rec in res.records:
+        req = by_id[rec.request_id]
+        assert rec.error is None and rec.generated_tokens == req.output_tokens
+        assert rec.arrival_s <= rec.dispatch_s <= rec.actual_send_s <= rec.first_token_s <= rec.finish_s
+        assert rec.planned_send_s == rec.arrival_s
+        assert 0 <= rec.instance < 2
