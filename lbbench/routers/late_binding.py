@@ -20,10 +20,13 @@ invites KV thrash. This router keeps the queue at the load balancer instead:
    instance (nothing outstanding) always takes the next request, so a cautious
    gate can slow the cluster down but never stall it.
 2. **Size-aware release order.** Among queued requests the one with the least
-   predicted work goes first (``order``), backfilling past requests that fit
-   nowhere. A request that has waited ``max_wait_s`` or longer goes first, in
-   arrival order, and blocks backfill until it is bound: that bounds how long a
-   long request can be passed over.
+   predicted work goes first, aged by its wait: by default the highest
+   response ratio (wait + predicted service) / predicted service, so a long
+   request is passed over only while the short ones have waited comparably
+   longer relative to their size (``order``). Requests that fit nowhere are
+   backfilled past. A request that has waited ``max_wait_s`` or longer goes
+   first, in arrival order, and blocks backfill until it is bound: a hard
+   bound on how long any request can be passed over.
 3. **Placement.** Among instances with headroom, the least cost: the prefill
    wait (prompt tokens still to prefill there plus this prompt) and the decode
    interference (decoding sequences and their context slowing each of this
@@ -54,7 +57,7 @@ from .registry import register
 #: default spec of a live endpoint says 2**30).
 UNKNOWN_CAPACITY_TOKENS = 1 << 29
 
-ORDERS = ("kv_time", "job_time", "output", "fcfs")
+ORDERS = ("kv_time", "job_time", "output", "fcfs", "hrrn")
 
 # step-time coefficients used without a profile (Llama-2-7B on a V100)
 _DEFAULT_PREFILL_TOKEN_S = 3.2e-4
@@ -78,19 +81,25 @@ class LateBindingParams:
     p99 above round robin's); 1.0 keeps it full with fewer preemptions than
     round robin; beyond 1.0 nothing improves (docs/late_binding.md)."""
 
-    max_wait_s: float = 120.0
-    """Aging bound (seconds at the router): an older request is released first,
-    in arrival order, and nothing is backfilled past it. Large values approach
-    pure shortest-job-first (best mean; long requests wait for a lull, p99
-    grows); small values approach FCFS (the mean gain vanishes). 120 s keeps the
-    p99 of the paper's overloaded setup clearly below round robin's while
-    keeping most of the mean gain (docs/late_binding.md has the sweep)."""
+    max_wait_s: float = 600.0
+    """Hard aging bound (seconds at the router): an older request is released
+    first, in arrival order, and nothing is backfilled past it. With the
+    default ``hrrn`` order this is only a backstop (a long request's response
+    ratio already grows with its wait); with the static orders it is the only
+    guard: there 120 s keeps the paper setup's p99 below round robin's, but at
+    moderate load, where waits are shorter than the bound, it does not stop
+    long requests from waiting up to it (docs/late_binding.md has both sweeps)."""
 
-    order: str = "kv_time"
-    """Release order: ``kv_time`` (predicted KV-token-steps, output x (prompt +
-    output/2): the resource an overloaded, KV-bound instance runs out of),
-    ``job_time`` (prefill + decode seconds at the minimum step), ``output``
-    (predicted output tokens) or ``fcfs``."""
+    order: str = "hrrn"
+    """Release order. ``hrrn`` (default): highest response ratio next,
+    (wait + predicted service) / predicted service, service being the prefill
+    plus decode seconds at the minimum step: short requests go first, and a
+    long one overtakes them once it has waited as many multiples of its own
+    service time as they have of theirs, so the tail adapts to the load without
+    a tuned bound. Static orders (with ``max_wait_s`` as the tail guard):
+    ``kv_time`` (predicted KV-token-steps, output x (prompt + output/2), the
+    resource a KV-bound instance runs out of), ``job_time`` (predicted service
+    seconds), ``output`` (predicted output tokens), ``fcfs``."""
 
     max_output_tokens: int | None = None
     """Cap on a prediction used by the gate (default: what fits the KV cache
@@ -330,6 +339,7 @@ class LateBindingRouter:
     def reset(self, seed: int | None = None) -> None:
         self._rng = np.random.default_rng(self.seed if seed is None else seed)
         self._sorted: list[tuple[float, float, int]] = []  # (priority, arrival, request_id)
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # hrrn: arrival, service
         self._by_id: dict[int, Request] = {}
         self._idle_sig: tuple | None = None
         self._last_eval_s = -math.inf
@@ -349,6 +359,8 @@ class LateBindingRouter:
             return r.prompt_tokens * self._a + d * self._step
         if order == "output":
             return float(d)
+        if order == "hrrn":  # the service time; the order itself depends on the wait
+            return max(self._step, r.prompt_tokens * self._a + d * self._step)
         return r.arrival_s
 
     def planned_output_tokens(self, r: Request) -> int:
@@ -391,11 +403,36 @@ class LateBindingRouter:
             else:
                 return
         self._sorted.clear()
+        self._arrays = None
         self._by_id.clear()
         for r in queue:
             self._add(r)
 
+    def _candidates(self, now_s: float) -> list[tuple[int, int]]:
+        """(position in ``_sorted``, request id) of the first ``backfill_depth``
+        requests in release order."""
+        depth = self.params.backfill_depth
+        if self.params.order != "hrrn":
+            return [(pos, e[2]) for pos, e in enumerate(self._sorted[:depth])]
+        # highest response ratio (wait + service) / service first: short jobs
+        # first, but a long one's ratio grows with its wait at a rate set by the
+        # load itself (how long the short ones wait), not by a fixed bound
+        if self._arrays is None:
+            srt = self._sorted
+            self._arrays = (np.fromiter((e[1] for e in srt), float, len(srt)),
+                            np.fromiter((e[0] for e in srt), float, len(srt)))
+        arrival, service = self._arrays
+        score = (arrival - now_s) / service  # -(wait / service): smallest first
+        if len(score) > depth:
+            top = np.argpartition(score, depth - 1)[:depth]
+            top = top[np.argsort(score[top], kind="stable")]
+        else:
+            top = np.argsort(score, kind="stable")
+        srt = self._sorted
+        return [(int(k), srt[int(k)][2]) for k in top]
+
     def _add(self, r: Request) -> None:
+        self._arrays = None
         self._by_id[r.request_id] = r
         bisect.insort(self._sorted, (self.priority(r), r.arrival_s, r.request_id))
 
@@ -403,6 +440,7 @@ class LateBindingRouter:
         if pos is None:
             pos = next(k for k, e in enumerate(self._sorted) if e[2] == r.request_id)
         del self._sorted[pos]
+        self._arrays = None
         del self._by_id[r.request_id]
         self._idle_sig = None
         for k, x in enumerate(queue):  # by identity: Request equality compares every field
@@ -502,7 +540,7 @@ class LateBindingRouter:
         # output length is computed once per length (it is what every candidate needs)
         uniform = all(g.cap == gates[0].cap for g in gates)
         room: dict[int, float] = {}
-        for pos, (_, _, rid) in enumerate(self._sorted[:prm.backfill_depth]):
+        for pos, rid in self._candidates(now_s):
             r = self._by_id[rid]
             if uniform:
                 d = clamp_output(plan(r), r.prompt_tokens, gates[0].cap)
