@@ -56,6 +56,9 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     from .harness.launcher import LaunchError, launch
 
     cp = {"on": True, "off": False, "default": None}[chunked_prefill]
+    # Ctrl-C stops the servers even when started from a shell that ignores SIGINT
+    # for background jobs (SIGTERM is handled by the launcher).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),

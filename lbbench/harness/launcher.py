@@ -178,6 +178,8 @@ def server_args(model_path: str, served_name: str, port: int, *, chunked_prefill
 
 def _check_port_free(port: int, flag_port: int) -> None:
     with socket.socket() as sock:
+        # as servers bind: a port left in TIME_WAIT by a previous server is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
