@@ -75,7 +75,8 @@ def test_emulated_timings_follow_the_profile(a100_fleet):
                      run_id="t", seed=0, scrape_interval_s=None)
     rec = res.records[0]
     prefill_s = 0.0164 + 4.78e-5 * 1000
-    assert rec.first_token_s - rec.actual_send_s == pytest.approx(prefill_s, abs=0.03)
+    # never early; late only by the client's and the emulator's scheduling noise
+    assert prefill_s - 0.005 <= rec.first_token_s - rec.actual_send_s <= prefill_s + 0.06
     assert rec.tbt_mean_s == pytest.approx(0.0164 + 1.82e-5, rel=0.3)
 
 
@@ -179,7 +180,7 @@ def test_deferral_epochs_and_planned_send_time(a100_fleet):
     for rec in res.records:
         assert rec.error is None and rec.instance == 0
         # held by the router until the first epoch after 0.3 s (epochs every 20 ms)
-        assert 0.3 <= rec.dispatch_s < 0.4
+        assert 0.3 <= rec.dispatch_s < 0.5
         # the hold is the router's, not the client's: planned send moves with it
         # (planned = arrival + hold; it trails dispatch_s by the arrival's own lateness)
         assert rec.dispatch_s - 0.02 <= rec.planned_send_s <= rec.dispatch_s
