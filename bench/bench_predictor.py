@@ -37,14 +37,16 @@ def _requests(data: str | None, n: int, seed: int) -> list[Request]:
             for i in range(n)]
 
 
-def _time_ms_per_request(predictor, reqs: list[Request], repeats: int) -> float:
+def _time_ms_per_request(predictor, reqs: list[Request], repeats: int) -> tuple[float, float]:
+    """Median wall-clock and process-CPU milliseconds per request."""
     predictor.predict(reqs)  # warm-up
-    runs = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         predictor.predict(reqs)
-        runs.append((time.perf_counter() - t0) * 1000 / len(reqs))
-    return statistics.median(runs)
+        wall.append((time.perf_counter() - t0) * 1000 / len(reqs))
+        cpu.append((time.process_time() - c0) * 1000 / len(reqs))
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> None:
@@ -71,18 +73,23 @@ def main() -> None:
             p = TextPredictor.load(args.model, quantize=quantize)
         else:
             p = untrained_predictor(get_scheme("paper"), tasks=["generic", "other"], quantize=quantize)
+        with_task, with_task_cpu = _time_ms_per_request(p, reqs, args.repeats)
+        without_task, without_task_cpu = _time_ms_per_request(p, no_task, args.repeats)
         rows.append({"model": "int8" if quantize else "fp32", "batch": args.batch,
-                     "ms_per_request_with_task": _time_ms_per_request(p, reqs, args.repeats),
-                     "ms_per_request_without_task": _time_ms_per_request(p, no_task, args.repeats),
+                     "ms_per_request_with_task": with_task, "cpu_ms_per_request_with_task": with_task_cpu,
+                     "ms_per_request_without_task": without_task,
+                     "cpu_ms_per_request_without_task": without_task_cpu,
                      "threads": torch.get_num_threads(),
                      "mean_prompt_tokens": statistics.mean(r.prompt_tokens for r in reqs)})
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"{'model':<6}{'batch':>6}{'ms/req (task)':>15}{'ms/req (no task)':>18}{'threads':>9}")
+    print(f"{'model':<6}{'batch':>6}{'ms/req (task)':>15}{'cpu ms':>8}{'ms/req (no task)':>18}{'cpu ms':>8}"
+          f"{'threads':>9}{'prompt tokens':>15}")
     for r in rows:
         print(f"{r['model']:<6}{r['batch']:>6}{r['ms_per_request_with_task']:>15.2f}"
-              f"{r['ms_per_request_without_task']:>18.2f}{r['threads']:>9}")
+              f"{r['cpu_ms_per_request_with_task']:>8.2f}{r['ms_per_request_without_task']:>18.2f}"
+              f"{r['cpu_ms_per_request_without_task']:>8.2f}{r['threads']:>9}{r['mean_prompt_tokens']:>15.1f}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@ task runs the task head first, then the bucket head with the predicted task.
 A saved model is a directory: ``config.json`` (scheme, tasks, settings,
 baselines, training prompt fingerprints), ``encoder/`` (``save_pretrained``
 weights + tokenizer) and ``heads.pt``. Loading applies dynamic int8
-quantization to the Linear layers unless ``quantize=False``.
+quantization to the Linear layers unless ``quantize=False``. Dynamic
+quantization picks activation scales per forward pass, so an int8 prediction
+can (rarely) depend on which requests share its micro-batch; fp32 does not.
+Inference sorts a batch by token length and runs micro-batches of 16.
 
 torch and transformers are imported lazily.
 """

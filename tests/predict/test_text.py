@@ -25,9 +25,6 @@ def test_hint_text():
     assert hint_text("Sum it up", None) == "Sum it up"
 
 
-pytestmark_slow = pytest.mark.slow  # loads MiniLM several times and fine-tunes it (~35 s CPU)
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory, rows_factory):
     from lbbench.predict.data import Example, count_tokens
@@ -41,7 +38,6 @@ def tiny_model(tmp_path_factory, rows_factory):
     return model, out, ex
 
 
-@pytestmark_slow
 def test_train_save_load_predict(tiny_model):
     model, out, ex = tiny_model
     assert model.config.num_train_examples == 48
@@ -68,7 +64,6 @@ def test_train_save_load_predict(tiny_model):
     assert set(int8.predict_tasks([e.prompt for e in ex[:6]])) <= set(model.tasks)
 
 
-@pytestmark_slow
 def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
     _, out, _ = tiny_model
     data = tmp_path / "eval.jsonl"
@@ -91,3 +86,23 @@ def test_load_errors(tmp_path):
 
     with pytest.raises(PredictorSpecError, match="--predictor text:"):
         load_predictor(f"text:{tmp_path}")
+
+
+def test_task_classifier_kind_and_shallow_encoder(tmp_path, rows_factory):
+    from lbbench.predict import PredictorSpecError
+    from lbbench.predict.data import Example, count_tokens
+
+    rows = rows_factory(30)
+    ex = [Example(r["prompt"], r["output_tokens"], count_tokens(r["prompt"]), r["task"]) for r in rows]
+    cfg = TextTrainConfig(objective="task", epochs=1, max_length=24, batch_size=16, num_layers=1)
+    model = train_text_model(ex, get_scheme("paper"), cfg)
+    assert model.net.encoder.config.num_hidden_layers == 1
+    model.save(tmp_path / "task")
+    loaded = TextPredictor.load(tmp_path / "task")
+    assert len(loaded.net.encoder.encoder.layer) == 1
+    assert set(loaded.predict_tasks([e.prompt for e in ex[:5]])) <= set(model.tasks)
+    with pytest.raises(PredictorSpecError, match="task classifier"):
+        load_predictor(f"text:{tmp_path / 'task'}")
+    res = CliRunner().invoke(predictor, ["eval", "--model", str(tmp_path / "task"), "--data",
+                                         str(tmp_path / "none.jsonl")])
+    assert res.exit_code == 2
