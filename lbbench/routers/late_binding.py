@@ -34,6 +34,10 @@ invites KV thrash. This router keeps the queue at the load balancer instead:
    profile's step-time coefficients; ties (within ``tie_s``) are broken by a
    seeded random choice, or ``choices=2`` samples two eligible instances
    (power of two choices).
+4. **Calibration.** Completions (``Finished``, observable live too) teach the
+   router the ratio of true to predicted length per prediction value; the gate
+   plans with a high quantile of it, so a bucket predictor's upper bounds (the
+   whole context for its open last bucket) do not leave the cache half empty.
 
 Only ``ClusterView`` and the request are used, so the router runs unchanged in
 the simulator, the live harness and against ``lbbench serve-sim``; an instance
@@ -154,14 +158,15 @@ class LateBindingParams:
 
     calibrate: bool = True
     """Learn, from the requests that finish, what each predicted length really
-    turns out to be, and let the gate plan with that (``plan_quantile`` of the
-    true lengths seen for the same prediction) instead of the raw prediction.
+    turns out to be, and let the gate plan with that (the prediction times the
+    ``plan_quantile`` of true / predicted seen for the same prediction value)
+    instead of the raw prediction.
     Bucket predictors report a bucket's upper bound, e.g. the whole context for
     the open last bucket, which would make every such request wait for an empty
     instance. Completions are observable live too (``Finished``)."""
 
     plan_quantile: float = 0.75
-    """Quantile of the observed true lengths the calibrated gate plans with:
+    """Quantile of the observed true / predicted ratios the gate plans with:
     above the median, so a batch of requests with the same prediction rarely
     outgrows the cache, below the maximum, which one outlier would set."""
 
@@ -185,7 +190,7 @@ class LateBindingParams:
         if not 0 < self.plan_quantile <= 1:
             raise ValueError("late binding: plan_quantile must be in (0, 1]")
         if self.backfill_depth < 1 or self.overrun_tokens < 1 or self.min_samples < 1 or self.window < 1:
-            raise ValueError("late binding: backfill_depth and overrun_tokens must be >= 1")
+            raise ValueError("late binding: backfill_depth, overrun_tokens, min_samples and window must be >= 1")
 
 
 def clamp_output(output_tokens: int, prompt_tokens: int, cap: float) -> int:
