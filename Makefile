@@ -49,6 +49,7 @@ vllm-env:
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/bench_sim.py
+	$(BIN)/python bench/bench_replay.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache

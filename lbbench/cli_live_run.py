@@ -26,7 +26,7 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
              out_dir: Path, run_id: str, progress: Progress, frames: list[pl.DataFrame],
              timelines: list[pl.DataFrame]) -> bool:
     from .core import InstanceSpec
-    from .harness.replay import run_replay
+    from .harness.replay import EndpointError, run_replay
     from .predict import annotate, load_predictor
     from .routers import get_router
 
@@ -40,10 +40,16 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
             chunk = "" if variant.chunked_prefill is None else f"-chunked-{'on' if variant.chunked_prefill else 'off'}"
             label = f"{name}-seed{seed}{chunk}"
             task = progress.add_task(f"  {label}", total=len(reqs))
-            res = run_replay(reqs, router, endpoints, model=kw.get("model"), specs=specs, run_id=run_id, seed=seed,
-                             out_dir=out_dir / "partial" / label, request_timeout_s=kw.get("request_timeout", 600.0),
-                             api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
-                             progress=lambda done, total, _t=task: progress.update(_t, completed=done))
+            try:
+                res = run_replay(reqs, router, endpoints, model=kw.get("model"), specs=specs, run_id=run_id,
+                                 seed=seed, out_dir=out_dir / "partial" / label,
+                                 request_timeout_s=kw.get("request_timeout", 600.0),
+                                 api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
+                                 progress=lambda done, total, _t=task: progress.update(_t, completed=done))
+            except EndpointError as exc:
+                # an instance died between replays: keep what was measured, mark the run incomplete
+                progress.console.print(f"[red]stopping: {exc}[/red]")
+                return False
             progress.remove_task(task)
             extra = run_columns(cfg, profile, variant)
             for r in res.records:

@@ -61,6 +61,10 @@ class Dispatcher:
     def arrive(self, request: Request) -> None:
         self._queue.append(request)
 
+    def drop(self, queue_index: int) -> Request:
+        """Remove a queued request without dispatching it (e.g. it can never be served)."""
+        return self._queue.pop(queue_index)
+
     def observe(self, event: Event) -> None:
         """Feed a lifecycle event from the backend to the state and the router."""
         self.state.apply(event)

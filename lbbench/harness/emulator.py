@@ -179,26 +179,8 @@ class EmulatedInstance:
 
     def _progress(self, now_s: float) -> tuple[int, float | None]:
         """Steps of the running pure-decode segment finished by ``now_s`` and the end
-        of the next step. The simulator only advances whole segments; streaming
-        needs the tokens inside one, which follow from its step-time series.
-
-        This reads the simulator's segment state (``seg_*``, ``_cum``,
-        ``_steps_done_by``); should those change, streaming falls back to one
-        burst per segment (the timing tests then fail loudly)."""
-        try:
-            return self._segment_progress(now_s)
-        except AttributeError:
-            return 0, None
-
-    def _segment_progress(self, now_s: float) -> tuple[int, float | None]:
-        sim = self.sim
-        k = sim.seg_k
-        if k == 0:
-            return 0, None
-        if sim.seg_sched is not None:  # one mixed step
-            return 0, sim.seg_t0 + sim._cum(1)
-        m = min(sim._steps_done_by(now_s - sim.seg_t0), k)
-        return m, sim.seg_t0 + sim._cum(min(m + 1, k))
+        of the next step (``SimInstance.segment_progress``)."""
+        return self.sim.segment_progress(now_s)
 
     def _apply(self, events: list) -> None:
         """Hand engine events to the streams waiting on them."""
@@ -234,8 +216,7 @@ class EmulatedInstance:
                 for s in streams.values():
                     if s.done:
                         continue
-                    r = sim.reqs.get(s.rid)
-                    if r is not None and r.decoding:
+                    if sim.is_decoding(s.rid):
                         g = sim.generated_tokens(s.rid) + m
                         if g > s.avail:
                             s.avail = g

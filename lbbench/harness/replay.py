@@ -391,12 +391,8 @@ class _Replay:
                 stalled_since = None
 
     def _fail_queue(self, now: float, error: str) -> None:
-        q = self.dispatcher.queue
-        while len(q):
-            # Take the oldest request off the dispatcher's queue the way a
-            # dispatch would, but without sending it anywhere.
-            req = q[0]
-            del q[0]  # type: ignore[attr-defined]  # the dispatcher's queue is a list
+        while len(self.dispatcher):
+            req = self.dispatcher.drop(0)
             self.arrived_at.pop(req.request_id, None)
             self._record(req, -1, now, None, None, error)
 

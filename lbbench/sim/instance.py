@@ -141,6 +141,24 @@ class SimInstance:
         r = self.reqs[rid]
         return r.g0 + self.clock - r.c0 if r.decoding else r.generated
 
+    def is_decoding(self, rid: int) -> bool:
+        r = self.reqs.get(rid)
+        return r is not None and r.decoding
+
+    def segment_progress(self, now_s: float) -> tuple[int, float | None]:
+        """Inside the segment in progress: how many of its steps have ended by
+        ``now_s`` (each decoding request has that many more tokens than
+        ``generated_tokens`` says), and when the next of its steps ends. A
+        real-time emulator streams tokens step by step from this; the
+        simulator itself only materializes whole segments."""
+        k = self.seg_k
+        if k == 0:
+            return 0, None
+        if self.seg_sched is not None:  # a single mixed step
+            return 0, self.seg_t0 + self._cum(1)
+        m = min(self._steps_done_by(now_s - self.seg_t0), k)
+        return m, self.seg_t0 + self._cum(min(m + 1, k))
+
     def next_event_s(self) -> float | None:
         """End of the segment in progress (when state next changes), or None if idle."""
         if self.seg_k == 0:
