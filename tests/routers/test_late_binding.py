@@ -299,3 +299,25 @@ def test_response_ratio_lets_a_long_request_overtake_once_it_has_waited_long_eno
     # a static order never lets it overtake (until the hard bound)
     s = _router(n=1, order="kv_time")
     assert s.route([long_req, req(4, 29.0, 50, 20)], state.view(detail=True), 30.0).queue_index == 1
+
+
+@pytest.mark.slow
+def test_paper_setup_target_one_seed():
+    """The headline: 4 x V100, paper mix at 20 req/s, the paper's predictor accuracy."""
+    from lbbench.experiment import RunConfig, build_requests
+    from lbbench.predict import annotate, load_predictor
+    from lbbench.profiles import load_profile
+
+    prof = load_profile("llama2-7b-v100")
+    cfg = RunConfig(instances=4, rate_per_s=20.0, requests=2000, predictor="noisy:0.79")
+    reqs = annotate(build_requests(cfg, prof, 0, None), load_predictor("noisy:0.79", profile=prof))
+
+    def run(name):
+        recs = ClusterSim(prof, 4, reqs).run(get_router(name, num_instances=4, profile=prof))
+        e2e = np.array([x.finish_s - x.arrival_s for x in recs if x.error is None])
+        return e2e.mean(), np.percentile(e2e, 99)
+
+    rr_mean, rr_p99 = run("round_robin")
+    lb_mean, lb_p99 = run(NAME)
+    assert lb_mean <= 0.77 * rr_mean  # >= 23 % better
+    assert lb_p99 <= rr_p99
