@@ -1,5 +1,5 @@
 """Cost of the text predictor: milliseconds per request at batch 64 on this
-CPU, fp32 and dynamic-int8, for requests with a task (one encoder pass) and
+CPU, fp32, bfloat16 and dynamic-int8, for requests with a task (one encoder pass) and
 without (task head first, then the bucket head: two passes).
 
     python bench/bench_predictor.py [--model DIR] [--data CORPUS] [--repeats 5] [--threads N]
@@ -68,14 +68,14 @@ def main() -> None:
     reqs = _requests(args.data, args.batch, 0)
     no_task = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, None, r.prompt) for r in reqs]
     rows = []
-    for quantize in (False, True):
+    for precision in ("fp32", "bf16", "int8"):
         if args.model:
-            p = TextPredictor.load(args.model, quantize=quantize)
+            p = TextPredictor.load(args.model, precision=precision)
         else:
-            p = untrained_predictor(get_scheme("paper"), tasks=["generic", "other"], quantize=quantize)
+            p = untrained_predictor(get_scheme("paper"), tasks=["generic", "other"], precision=precision)
         with_task, with_task_cpu = _time_ms_per_request(p, reqs, args.repeats)
         without_task, without_task_cpu = _time_ms_per_request(p, no_task, args.repeats)
-        rows.append({"model": "int8" if quantize else "fp32", "batch": args.batch,
+        rows.append({"model": precision, "batch": args.batch,
                      "ms_per_request_with_task": with_task, "cpu_ms_per_request_with_task": with_task_cpu,
                      "ms_per_request_without_task": without_task,
                      "cpu_ms_per_request_without_task": without_task_cpu,

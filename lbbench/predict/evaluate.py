@@ -7,7 +7,8 @@ was trained on measures the held-out split only.
 Reported (fixed metric names, used by ``lbbench predictor eval --format json``):
 ``n``, ``accuracy`` (task hint given when the row has a task),
 ``accuracy_without_task_hint``, ``accuracy_predicted_task_hint`` (text: the
-task head's guess as hint), ``accuracy_fp32`` (text: unquantized),
+task head's guess as hint), ``accuracy_fp32`` / ``accuracy_bf16`` (text:
+the same model unquantized / in bfloat16),
 ``majority_baseline_accuracy``, ``prompt_length_baseline_accuracy``,
 ``task_classifier_accuracy`` (+ ``task_n``), ``per_bucket``, ``confusion``.
 """
@@ -87,8 +88,9 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
         out["accuracy_predicted_task_hint"] = accuracy(
             true, tp.predict_buckets(prompts, [None] * len(rows), hint="auto"))
         if quantize:
-            fp = TextPredictor.load(model_dir, quantize=False)
-            out["accuracy_fp32"] = accuracy(true, fp.predict_buckets(prompts, tasks, hint="given"))
+            for precision in ("fp32", "bf16"):
+                other = TextPredictor.load(model_dir, precision=precision)
+                out[f"accuracy_{precision}"] = accuracy(true, other.predict_buckets(prompts, tasks, hint="given"))
     if tp.tasks and with_task:
         guessed = tp.predict_tasks([prompts[i] for i in with_task])
         out["task_classifier_accuracy"] = accuracy([tasks[i] for i in with_task], guessed)
@@ -110,7 +112,7 @@ def _header(kind: str, scheme: BucketScheme, total: int, rows: Sequence[Example]
 
 
 _ORDER = ("kind", "scheme", "n", "accuracy", "accuracy_without_task_hint", "accuracy_predicted_task_hint",
-          "accuracy_fp32", "quantized", "majority_baseline_accuracy", "prompt_length_baseline_accuracy",
+          "accuracy_fp32", "accuracy_bf16", "quantized", "majority_baseline_accuracy", "prompt_length_baseline_accuracy",
           "task_classifier_accuracy", "task_n", "num_tasks", "num_rows_seen_in_training", "train_seconds")
 
 

@@ -14,7 +14,9 @@ task runs the task head first, then the bucket head with the predicted task.
 A saved model is a directory: ``config.json`` (scheme, tasks, settings,
 baselines, training prompt fingerprints), ``encoder/`` (``save_pretrained``
 weights + tokenizer) and ``heads.pt``. Loading applies dynamic int8
-quantization to the Linear layers unless ``quantize=False``. Dynamic
+quantization to the Linear layers unless ``quantize=False``; ``precision="bf16"``
+casts the whole network to bfloat16 instead (about 2x faster than fp32 on CPUs
+with AVX-512 BF16, and usually closer to fp32 accuracy than int8). Dynamic
 quantization picks activation scales per forward pass, so an int8 prediction
 can (rarely) depend on which requests share its micro-batch; fp32 does not.
 Inference sorts a batch by token length and runs micro-batches of 16.
@@ -41,6 +43,7 @@ from .metrics import LengthBaseline, majority_bucket
 HINT_TEMPLATE = "This is a {task} task. "
 CONFIG_FILE = "config.json"
 FORMAT_VERSION = 1
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def hint_text(prompt: str, task: str | None) -> str:
@@ -158,15 +161,17 @@ def _length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random)
 class TextPredictor:
     """Fine-tuned encoder predictor; ``predict`` follows the ``Predictor`` protocol."""
 
-    def __init__(self, config: TextModelConfig, net: Any, tokenizer: Any, quantized: bool = False):
+    def __init__(self, config: TextModelConfig, net: Any, tokenizer: Any, quantized: bool = False,
+                 precision: str | None = None):
         self.config = config
         self.scheme = BucketScheme.from_dict(config.scheme)
         self.net = net.eval()
         self.tokenizer = tokenizer
-        self.quantized = quantized
+        self.precision = precision or ("int8" if quantized else "fp32")
+        self.quantized = self.precision != "fp32"
         self.tasks = list(config.tasks)
         self.baseline = LengthBaseline.from_dict(config.length_baseline)
-        self.name = f"text:{'int8' if quantized else 'fp32'}"
+        self.name = f"text:{self.precision}"
         self.max_length = int(config.train.get("max_length", 128))
 
     # -- inference ----------------------------------------------------------------------
@@ -186,8 +191,8 @@ class TextPredictor:
                 rows = order[k:k + micro_batch]
                 x, mask = _pad([ids[i] for i in rows], pad_id)
                 b, t = self.net(x, mask)
-                out_b[rows] = b
-                out_t[rows] = t
+                out_b[rows] = b.float()
+                out_t[rows] = t.float()
         return out_b, out_t
 
     def predict_tasks(self, prompts: Sequence[str]) -> list[str | None]:
@@ -226,7 +231,7 @@ class TextPredictor:
     def save(self, out_dir: str | Path) -> Path:
         torch = _torch()
         if self.quantized:
-            raise RuntimeError("save the fp32 model, not the quantized one")
+            raise RuntimeError("save the fp32 model, not a quantized/bf16 one")
         out = Path(out_dir)
         (out / "encoder").mkdir(parents=True, exist_ok=True)
         self.net.encoder.save_pretrained(out / "encoder")
@@ -237,7 +242,11 @@ class TextPredictor:
         return out
 
     @classmethod
-    def load(cls, model_dir: str | Path, quantize: bool = True) -> "TextPredictor":
+    def load(cls, model_dir: str | Path, quantize: bool = True, precision: str | None = None) -> "TextPredictor":
+        """``precision``: 'int8' (default; same as ``quantize=True``), 'bf16' or 'fp32'."""
+        precision = precision or ("int8" if quantize else "fp32")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         d = Path(model_dir)
         cfg_path = d / CONFIG_FILE
         if not cfg_path.is_file():
@@ -258,13 +267,12 @@ class TextPredictor:
         net.task_head.load_state_dict(heads["task_head"])
         tokenizer = AutoTokenizer.from_pretrained(str(d / "encoder"))
         net.eval()
-        if quantize:
-            net = quantize_net(net)
-        return cls(config, net, tokenizer, quantized=quantize)
+        return cls(config, _with_precision(net, precision), tokenizer, precision=precision)
 
 
 def untrained_predictor(scheme: BucketScheme, tasks: Sequence[str] = (), encoder: str | None = None,
-                        max_length: int = 128, quantize: bool = False) -> TextPredictor:
+                        max_length: int = 128, quantize: bool = False,
+                        precision: str | None = None) -> TextPredictor:
     """A predictor with the pretrained encoder and freshly initialised heads
     (same architecture and cost as a trained one; used by the cost benchmark)."""
     from transformers import AutoTokenizer
@@ -277,8 +285,17 @@ def untrained_predictor(scheme: BucketScheme, tasks: Sequence[str] = (), encoder
                              train={**asdict(TextTrainConfig(encoder=encoder, max_length=max_length))},
                              encoder_source=encoder, bucket_expected_tokens=[scheme.expected(b) for b in range(n)],
                              length_baseline=LengthBaseline((), (0,)).to_dict(), majority_bucket=0)
-    return TextPredictor(config, quantize_net(net) if quantize else net, AutoTokenizer.from_pretrained(encoder),
-                         quantized=quantize)
+    precision = precision or ("int8" if quantize else "fp32")
+    return TextPredictor(config, _with_precision(net, precision), AutoTokenizer.from_pretrained(encoder),
+                         precision=precision)
+
+
+def _with_precision(net: Any, precision: str) -> Any:
+    if precision == "int8":
+        return quantize_net(net)
+    if precision == "bf16":
+        return net.to(_torch().bfloat16)
+    return net
 
 
 def quantize_net(net: Any) -> Any:

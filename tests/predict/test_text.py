@@ -59,6 +59,10 @@ def test_train_save_load_predict(tiny_model):
     no_text = [Request(i, 0.0, r.prompt_tokens, r.output_tokens) for i, r in enumerate(reqs)]
     assert len(int8.predict(no_task)) == 10
     assert [p.bucket for p in int8.predict(no_text)] == int8.baseline.predict([r.prompt_tokens for r in reqs])
+    bf16 = TextPredictor.load(out, precision="bf16")
+    assert bf16.name == "text:bf16" and len(bf16.predict(reqs)) == 10
+    with pytest.raises(ValueError, match="precision"):
+        TextPredictor.load(out, precision="fp8")
     annotated = annotate(reqs, int8)
     assert all(r.predicted_bucket is not None for r in annotated)
     assert set(int8.predict_tasks([e.prompt for e in ex[:6]])) <= set(model.tasks)
@@ -74,6 +78,7 @@ def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
     rep = json.loads(res.output)
     assert rep["n"] == 12 and rep["num_rows_seen_in_training"] == 48
     for k in ("accuracy", "accuracy_without_task_hint", "accuracy_predicted_task_hint", "accuracy_fp32",
+              "accuracy_bf16",
               "majority_baseline_accuracy", "prompt_length_baseline_accuracy", "task_classifier_accuracy"):
         assert 0.0 <= rep[k] <= 1.0
     assert sum(map(sum, rep["confusion"])) == 12
