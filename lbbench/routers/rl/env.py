@@ -37,7 +37,12 @@ transitions.
   (``lbbench.routers.mixing.guidance_gap``; 0 for a defer or when the choice has
   the least impact), scaled by ``guidance_scale``. ``w_k`` is 0 for
   ``baseline_rl``, ``gamma`` for ``wa_rl`` and ``gamma - gamma_k`` with
-  ``gamma_k = exp(-beta_d · k) · gamma`` at episode ``k`` for ``wgrl``.
+  ``gamma_k = exp(-beta_d · k) · gamma`` at episode ``k`` for ``wgrl``. Taken
+  literally, as here, the guidance weight of ``wgrl`` starts at 0 and rises to
+  ``gamma`` within a few episodes (0.39·gamma at k = 1, 0.92·gamma at k = 5), so
+  the agent first learns from the queue and completion terms alone and is
+  then pulled towards the least-impact instance; the TD discount stays
+  ``gamma`` throughout.
 
 ``terminated`` once the last request has been routed: the environment then
 runs the simulator until every request finishes (so ``sim.records`` is
