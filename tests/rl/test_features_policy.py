@@ -23,6 +23,7 @@ from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 from lbbench.routers.rl.policy import (
     CheckpointError,
     QPolicy,
+    WorkloadAwareRL,
     WorkloadGuidedRL,
     shipped_checkpoint,
 )
@@ -136,6 +137,8 @@ def test_checkpoint_errors(tmp_path):
     _random_policy(SPEC).save(tmp_path)
     with pytest.raises(CheckpointError, match="trained for 3 instances, the run has 4"):
         WorkloadGuidedRL(4, checkpoint=tmp_path)
+    with pytest.raises(CheckpointError, match="trained for wgrl, not wa_rl"):
+        WorkloadAwareRL(3, checkpoint=tmp_path)
     with pytest.raises(CheckpointError, match=r"profile 'no-such-gpu' with 5 instances"):
         shipped_checkpoint("wgrl", "no-such-gpu", 5)
     with pytest.raises(CheckpointError, match=r"profile 'no-such-gpu' with 5 instances"):

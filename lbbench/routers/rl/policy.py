@@ -118,6 +118,10 @@ class RLRouter:
             checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances)
         self.policy = QPolicy.load(checkpoint)
         meta = self.policy.meta
+        trained = meta.get("variant")
+        if trained is not None and trained != self.variant:
+            raise CheckpointError(f"--checkpoint {checkpoint}: trained for {trained}, not {self.variant} "
+                                  "(pass each RL router its own checkpoint)")
         if int(meta.get("num_instances", -1)) != num_instances:
             raise CheckpointError(
                 f"--checkpoint {checkpoint}: trained for {meta.get('num_instances')} instances, "
