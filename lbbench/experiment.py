@@ -98,7 +98,7 @@ def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | Non
                           burstiness=cfg.burstiness)
     if w.startswith("dataset:"):
         from .predict.dataset_workload import dataset_workload
-        return dataset_workload(w.split(":", 1)[1], n, rate, seed)
+        return dataset_workload(w.split(":", 1)[1], n, rate, seed, max_model_len=profile.max_model_len)
     raise ConfigError(f"--workload: unknown workload {w!r} (choose from {', '.join(WORKLOADS)}, "
                       "dataset:FILE, or give --trace FILE)")
 
