@@ -81,9 +81,9 @@ class LateBindingParams:
     length, and they all peak together), a preemption in vLLM hits the newest
     request, which has little to recompute, and a half-empty cache halves a
     KV-bound instance's throughput, which costs more than the occasional
-    recompute. On the paper setup 0 leaves the cache under-used (makespan +7 %,
-    p99 above round robin's); 1.0 keeps it full with fewer preemptions than
-    round robin; beyond 1.0 nothing improves (docs/late_binding.md)."""
+    recompute. On the paper setup 0 leaves the cache under-used (makespan +12 %,
+    p99 16 % above round robin's); 1.0 keeps it full with fewer preemptions
+    than round robin; beyond 1.0 nothing improves (docs/late_binding.md)."""
 
     max_wait_s: float = 120.0
     """Hard aging bound (seconds at the router): an older request is released
