@@ -62,6 +62,20 @@ def _split_csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def _parse_value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "on", "yes"):
+        return True
+    if low in ("false", "off", "no"):
+        return False
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _chunked(value: str) -> list[bool | None]:
     return {"on": [True], "off": [False], "both": [False, True], "profile": [None]}[value]
 
@@ -157,6 +171,8 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Output-length predictor for length-aware routers: oracle | bucket_oracle | "
                    "noisy:ACC | text:DIR | metadata:DIR.")
 @click.option("--checkpoint", default=None, help="Checkpoint directory for learned routers (wgrl, ...).")
+@click.option("--router-opt", "router_opts", multiple=True, metavar="ROUTER.KEY=VALUE",
+              help="A router parameter, e.g. late_binding_srpt.max_wait_s=600 (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory (default runs/<timestamp>-<workload>).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -219,6 +235,14 @@ def run_cmd(**kw: Any) -> None:
     router_options: dict[str, Any] = {}
     if kw["checkpoint"]:
         router_options = {r: {"checkpoint": kw["checkpoint"]} for r in routers if r.endswith("rl")}
+    for opt in kw["router_opts"]:
+        name, _, rest = opt.partition(".")
+        key, eq, value = rest.partition("=")
+        if not (name and key and eq):
+            raise ConfigError(f"--router-opt {opt!r}: expected ROUTER.KEY=VALUE")
+        if name not in routers:
+            raise ConfigError(f"--router-opt {opt!r}: router {name!r} is not in --router")
+        router_options.setdefault(name, {})[key] = _parse_value(value)
     cfg = RunConfig(
         profile=kw["profile"], instances=len(endpoints) if endpoints else kw["instances"],
         workload=workload, trace=kw["trace"], trace_options=trace_opts, rate_per_s=rate,
@@ -233,7 +257,12 @@ def run_cmd(**kw: Any) -> None:
     from .routers import get_router
     load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
     for r in routers:
-        get_router(r, num_instances=cfg.instances, seed=cfg.seed, profile=profile, **router_options.get(r, {}))
+        try:
+            get_router(r, num_instances=cfg.instances, seed=cfg.seed, profile=profile, **router_options.get(r, {}))
+        except (TypeError, ValueError) as exc:
+            if not router_options.get(r) or isinstance(exc, _user_errors()):
+                raise
+            raise ConfigError(f"--router-opt: router {r!r}: {exc}") from None
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]

@@ -201,14 +201,20 @@ class InstanceView:
     num_dispatched_total: int
     last_dispatch_s: float
     metrics: MetricsSample | None
-    _outstanding: tuple[OutstandingView, ...] | None = None
+    _detail: Any = None  # a tuple of rows, or a _DetailSource that builds them once
 
     @property
     def outstanding(self) -> tuple[OutstandingView, ...]:
-        """Per-request detail (built on demand by ``ClusterState.view(detail=True)``)."""
-        if self._outstanding is None:
+        """Per-request detail. Views from ``ClusterState.view(detail=True)`` build it
+        on first access (routers that need it only for some instances pay only for
+        those); it must be read before the cluster changes again."""
+        d = self._detail
+        if d is None:
             raise RuntimeError("view built without detail; call ClusterState.view(detail=True)")
-        return self._outstanding
+        if not isinstance(d, tuple):
+            d = d()
+            object.__setattr__(self, "_detail", d)
+        return d
 
     @property
     def work_tokens(self) -> int:
@@ -229,6 +235,25 @@ class ClusterView:
 
     def healthy_indices(self) -> list[int]:
         return [iv.index for iv in self.instances if iv.healthy]
+
+
+class _DetailSource:
+    """Builds one instance's per-request rows on demand, refusing once the state moved on."""
+
+    __slots__ = ("state", "index", "gen")
+
+    def __init__(self, state: "ClusterState", index: int, gen: int):
+        self.state, self.index, self.gen = state, index, gen
+
+    def __call__(self) -> tuple[OutstandingView, ...]:
+        if self.state._gen != self.gen:
+            raise RuntimeError("stale ClusterView: the cluster changed since this view was taken; "
+                               "read InstanceView.outstanding inside route()")
+        inst = self.state._inst[self.index]
+        clock = inst.clock
+        return tuple(OutstandingView(e.request, e.dispatched_s, e.first_token_s,
+                                     e.fixed + (clock - e.base if e.ticking else 0))
+                     for e in inst.entries.values())
 
 
 class _Entry:
@@ -285,6 +310,7 @@ class ClusterState:
         n_pb, n_db = len(self.prompt_buckets) + 1, len(self.decode_buckets) + 1
         self._inst = [_Instance(s, n_pb, n_db) for s in specs]
         self._where: dict[int, int] = {}
+        self._gen = 0  # bumped by every event; lazy per-request detail checks it
         self.now_s = 0.0
 
     @property
@@ -300,6 +326,7 @@ class ClusterState:
     # -- event handling ---------------------------------------------------------------
     def apply(self, ev: Event) -> None:  # noqa: C901 - one branch per event type
         self.now_s = max(self.now_s, ev.time_s)
+        self._gen += 1
         if isinstance(ev, StepsAdvanced):
             self._inst[ev.instance].clock += ev.num_steps
         elif isinstance(ev, Dispatched):
@@ -421,12 +448,7 @@ class ClusterState:
         out = []
         for i, inst in enumerate(self._inst):
             generated = inst.sum_fixed + inst.n_ticking * inst.clock - inst.sum_base
-            detail_rows = None
-            if detail:
-                detail_rows = tuple(
-                    OutstandingView(e.request, e.dispatched_s, e.first_token_s,
-                                    e.fixed + (inst.clock - e.base if e.ticking else 0))
-                    for e in inst.entries.values())
+            detail_rows = _DetailSource(self, i, self._gen) if detail else None
             out.append(InstanceView(
                 index=i, healthy=inst.healthy, spec=inst.spec,
                 num_outstanding=len(inst.entries),
@@ -442,7 +464,7 @@ class ClusterState:
                 num_dispatched_total=inst.n_dispatched,
                 last_dispatch_s=inst.last_dispatch_s,
                 metrics=inst.metrics,
-                _outstanding=detail_rows,
+                _detail=detail_rows,
             ))
         return ClusterView(self.now_s, tuple(out))
 

@@ -99,3 +99,15 @@ def test_listing_commands():
     assert {"round_robin", "jsq", "min_min", "mcu"} <= names
     res = invoke("profiles", "--format", "json")
     assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= {r["name"] for r in json.loads(res.stdout)}
+
+
+def test_router_options_reach_the_router_and_bad_ones_exit_2(tmp_path):
+    res = invoke("run", "--router", "round_robin,late_binding_srpt", "--router-opt",
+                 "late_binding_srpt.max_wait_s=30", "--requests", "100", "--out", str(tmp_path / "o"),
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    assert "max_wait_s" in (tmp_path / "o" / "run.toml").read_text()
+    for bad in ("late_binding_srpt.bogus=1", "jsq.x=1", "nodot"):
+        r = CliRunner().invoke(main, ["run", "--router", "late_binding_srpt", "--router-opt", bad,
+                                      "--requests", "10", "--out", str(tmp_path / "b")])
+        assert r.exit_code == 2 and "--router-opt" in r.output.strip().splitlines()[-1]
