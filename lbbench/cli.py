@@ -62,6 +62,23 @@ def _split_csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
+    """``DIR`` (for the one learned router in --router) or ``ROUTER=DIR,ROUTER=DIR``."""
+    learned = [r for r in routers if r.endswith("_rl") or r == "wgrl"]
+    if "=" not in value:
+        if len(learned) != 1:
+            raise ConfigError(f"--checkpoint {value}: give ROUTER=DIR for each of {', '.join(learned) or 'no'} "
+                              "learned routers in --router")
+        return {learned[0]: {"checkpoint": value}}
+    out: dict[str, dict[str, Any]] = {}
+    for part in _split_csv(value):
+        name, eq, path = part.partition("=")
+        if not eq or name not in routers:
+            raise ConfigError(f"--checkpoint {part!r}: expected ROUTER=DIR with ROUTER in --router")
+        out[name] = {"checkpoint": path}
+    return out
+
+
 def _parse_value(text: str) -> Any:
     low = text.lower()
     if low in ("true", "on", "yes"):
@@ -170,7 +187,8 @@ def _trace_options_decorator(f: Any) -> Any:
 @click.option("--predictor", default="oracle", show_default=True,
               help="Output-length predictor for length-aware routers: oracle | bucket_oracle | "
                    "noisy:ACC | text:DIR | metadata:DIR.")
-@click.option("--checkpoint", default=None, help="Checkpoint directory for learned routers (wgrl, ...).")
+@click.option("--checkpoint", default=None,
+              help="Checkpoint directory for a learned router (wgrl, ...), or ROUTER=DIR[,ROUTER=DIR] for several.")
 @click.option("--router-opt", "router_opts", multiple=True, metavar="ROUTER.KEY=VALUE",
               help="A router parameter, e.g. late_binding_srpt.max_wait_s=600 (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -234,7 +252,7 @@ def run_cmd(**kw: Any) -> None:
         raise ConfigError("--launch and --endpoint are exclusive: launch new servers or attach to running ones")
     router_options: dict[str, Any] = {}
     if kw["checkpoint"]:
-        router_options = {r: {"checkpoint": kw["checkpoint"]} for r in routers if r.endswith("rl")}
+        router_options = _checkpoints(kw["checkpoint"], routers)
     for opt in kw["router_opts"]:
         name, _, rest = opt.partition(".")
         key, eq, value = rest.partition("=")

@@ -142,6 +142,12 @@ class ClusterSim:
             self._push(t, _WAKE, (i, self._wake_version[i]))
 
     @property
+    def next_arrival_s(self) -> float:
+        """Arrival time of the next request not yet at the router (inf when none is left)."""
+        na = self._next_arrival
+        return self.requests[na].arrival_s if na < len(self.requests) else float("inf")
+
+    @property
     def done(self) -> bool:
         return self.num_completed >= len(self.requests)
 

@@ -198,9 +198,7 @@ class RouterEnv(gym.Env):
         return queued + self._progress.value()
 
     def _next_arrival_s(self) -> float:
-        n_arrived = self._num_dispatched + len(self.sim.queue)
-        reqs = self.sim.requests
-        return reqs[n_arrived].arrival_s if n_arrived < len(reqs) else math.inf
+        return self.sim.next_arrival_s
 
     def _advance(self, until_s: float) -> float:
         """Advance the simulator to ``until_s``; returns the reward accrued.
