@@ -68,15 +68,20 @@ class RoundRobin(_Base):
         return None
 
 
-@register("random", "uniformly random instance (seeded)")
-class RandomRouter(_Base):
+class _Seeded(_Base):
+    """A router with its own seeded random stream (reset restarts it)."""
+
     def __init__(self, num_instances: int, seed: int = 0, **kw: Any):
         super().__init__(num_instances, seed, **kw)
         self._rng = np.random.default_rng(seed)
 
     def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
         self._rng = np.random.default_rng(self.seed if seed is None else seed)
 
+
+@register("random", "uniformly random instance (seeded)")
+class RandomRouter(_Seeded):
     def pick(self, request: Request, view: ClusterView) -> int | None:
         healthy = view.healthy_indices()
         return int(healthy[self._rng.integers(len(healthy))]) if healthy else None
@@ -89,14 +94,7 @@ class LeastRequests(_Base):
 
 
 @register("power_of_two", "two random instances, the one with fewer outstanding requests")
-class PowerOfTwo(_Base):
-    def __init__(self, num_instances: int, seed: int = 0, **kw: Any):
-        super().__init__(num_instances, seed, **kw)
-        self._rng = np.random.default_rng(seed)
-
-    def reset(self, seed: int | None = None) -> None:
-        self._rng = np.random.default_rng(self.seed if seed is None else seed)
-
+class PowerOfTwo(_Seeded):
     def pick(self, request: Request, view: ClusterView) -> int | None:
         healthy = view.healthy_indices()
         if len(healthy) <= 1:
