@@ -354,7 +354,8 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     console = Console() if sys.stdout.isatty() else Console(width=200)
     keys = [k for k in group_keys(cfg) if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
-    title = (f"{cfg.profile} x{cfg.instances}, {cfg.trace or cfg.workload}, "
+    where = f"live x{cfg.instances}" if cfg.backend == "live" else f"{cfg.profile} x{cfg.instances}"
+    title = (f"{where}, {cfg.trace or cfg.workload}, "
              f"{cfg.rate_per_s or 'trace'} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
     table = Table(title=title + ("" if complete else "  [INCOMPLETE]"))
     for k in keys:
