@@ -111,3 +111,12 @@ def test_router_options_reach_the_router_and_bad_ones_exit_2(tmp_path):
         r = CliRunner().invoke(main, ["run", "--router", "late_binding_srpt", "--router-opt", bad,
                                       "--requests", "10", "--out", str(tmp_path / "b")])
         assert r.exit_code == 2 and "--router-opt" in r.output.strip().splitlines()[-1]
+
+
+def test_profiles_ship_inside_the_package():
+    """Installed (non-editable) copies find profiles through lbbench/_profiles."""
+    from pathlib import Path
+
+    import lbbench
+    shipped = {p.stem for p in (Path(lbbench.__file__).parent / "_profiles").glob("*.toml")}
+    assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= shipped
