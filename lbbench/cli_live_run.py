@@ -17,7 +17,7 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .experiment import (RunConfig, Variant, _frame, build_requests, group_keys, run_columns, write_outputs,
+from .experiment import (RunConfig, Variant, build_requests, records_frame, group_keys, run_columns, write_outputs,
                          write_run_toml)
 from .profiles import Profile
 
@@ -54,7 +54,7 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
             extra = run_columns(cfg, profile, variant)
             for r in res.records:
                 r.router = name
-            frames.append(_frame(res.records, extra))
+            frames.append(records_frame(res.records, extra))
             if res.metrics is not None and res.metrics.height:
                 timelines.append(res.metrics.with_columns(
                     pl.lit(name).alias("router"), pl.lit(seed).alias("seed"), pl.lit(variant.order).alias("order"),

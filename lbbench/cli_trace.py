@@ -15,7 +15,7 @@ import click
 
 from .core import Request
 from .workloads.errors import WorkloadError
-from .workloads.trace_formats import FORMAT_NAMES, TraceMapping, parse_mapping
+from .workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from .workloads.trace_stats import inspect_trace
 from .workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
 from .workloads.traces import load_trace_requests, read_trace, write_canonical
@@ -31,22 +31,20 @@ class TraceInputError(click.ClickException):
     exit_code = 2
 
 
-def _mapping_cb(ctx: click.Context, param: click.Parameter, value: str | None) -> TraceMapping | None:
-    if value is None:
-        return None
-    try:
-        return parse_mapping(value)
-    except WorkloadError as exc:
-        raise click.BadParameter(str(exc).removeprefix("--mapping: "), ctx, param) from None
+def _parsed(parse: Callable[[str], Any], flag: str) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    """A click callback running ``parse`` and turning its WorkloadError into a flag error."""
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except WorkloadError as exc:
+            raise click.BadParameter(str(exc).removeprefix(f"{flag}: "), ctx, param) from None
+    return callback
 
 
-def _window_cb(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, float] | None:
-    if value is None:
-        return None
-    try:
-        return parse_window(value)
-    except WorkloadError as exc:
-        raise click.BadParameter(str(exc).removeprefix("--window: "), ctx, param) from None
+_mapping_cb = _parsed(parse_mapping, "--mapping")
+_window_cb = _parsed(parse_window, "--window")
 
 
 def trace_transform_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -198,8 +198,6 @@ class InstanceView:
     min_remaining_tokens: int | None  # fewest expected tokens left among decoding requests
     prompt_bucket_counts: tuple[int, ...]
     decode_bucket_counts: tuple[int, ...]
-    num_dispatched_total: int
-    last_dispatch_s: float
     metrics: MetricsSample | None
     _detail: Any = None  # a tuple of rows, or a _DetailSource that builds them once
 
@@ -275,7 +273,7 @@ class _Entry:
 class _Instance:
     __slots__ = ("spec", "healthy", "entries", "clock", "sum_fixed", "sum_base", "n_ticking",
                  "n_prefilling", "prompt_pending", "prompt_decoding", "sum_expected",
-                 "sum_prompt", "heap", "pcounts", "dcounts", "n_dispatched", "last_dispatch_s",
+                 "sum_prompt", "heap", "pcounts", "dcounts",
                  "metrics")
 
     def __init__(self, spec: InstanceSpec, n_pb: int, n_db: int):
@@ -294,8 +292,6 @@ class _Instance:
         self.heap: list[tuple[int, int]] = []  # (finish clock = expected + base - fixed, rid)
         self.pcounts = [0] * n_pb
         self.dcounts = [0] * n_db
-        self.n_dispatched = 0
-        self.last_dispatch_s = float("-inf")
         self.metrics: MetricsSample | None = None
 
 
@@ -380,8 +376,6 @@ class ClusterState:
         inst.sum_prompt += r.prompt_tokens
         inst.pcounts[e.pb] += 1
         inst.dcounts[e.db] += 1
-        inst.n_dispatched += 1
-        inst.last_dispatch_s = ev.time_s
 
     def _start_decoding(self, inst: _Instance, e: _Entry, time_s: float) -> None:
         """A token was produced at ``time_s`` after a (re)prefill; from now on
@@ -461,8 +455,6 @@ class ClusterState:
                 min_remaining_tokens=self._min_remaining(inst),
                 prompt_bucket_counts=tuple(inst.pcounts),
                 decode_bucket_counts=tuple(inst.dcounts),
-                num_dispatched_total=inst.n_dispatched,
-                last_dispatch_s=inst.last_dispatch_s,
                 metrics=inst.metrics,
                 _detail=detail_rows,
             ))

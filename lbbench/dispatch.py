@@ -90,7 +90,12 @@ class Dispatcher:
             if not (0 <= qi < len(queue)) or not (0 <= inst < n_inst):
                 raise RouterError(f"router {self.router.name!r} returned invalid decision {decision!r} "
                                   f"(queue length {len(queue)}, {n_inst} instances)")
-            req = queue.pop(qi)
-            self.observe(Dispatched(req, inst, now_s))
-            out.append((req, inst))
+            out.append((self.dispatch(qi, inst, now_s), inst))
         return out
+
+    def dispatch(self, queue_index: int, instance: int, now_s: float) -> Request:
+        """Take ``queue[queue_index]`` off the queue and record it as sent to ``instance``
+        (what ``decide`` does per decision; step-wise drivers call it directly)."""
+        req = self._queue.pop(queue_index)
+        self.observe(Dispatched(req, instance, now_s))
+        return req

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 import platform
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -23,7 +22,7 @@ import tomli_w
 
 from . import __version__
 from .core import RECORD_FIELDS, Request, RequestRecord
-from .profiles import Profile, load_profile
+from .profiles import Profile
 
 WORKLOADS = ("paper-mix", "paper-classes", "poisson")
 
@@ -120,7 +119,7 @@ class RunResult:
 ProgressFn = Callable[[str, int, int], None]
 
 
-def _frame(records: Sequence[RequestRecord], extra: dict[str, Any]) -> pl.DataFrame:
+def records_frame(records: Sequence[RequestRecord], extra: dict[str, Any]) -> pl.DataFrame:
     schema = {
         "run_id": pl.Utf8, "router": pl.Utf8, "seed": pl.Int64, "request_id": pl.Int64, "task": pl.Utf8,
         "instance": pl.Int64, "arrival_s": pl.Float64, "dispatch_s": pl.Float64,
@@ -180,7 +179,7 @@ def iter_sim_runs(cfg: RunConfig, profile: Profile, run_id: str,
                                     pl.lit(v.order).alias("order"),
                                     pl.lit(v.instance_scheduler).alias("instance_scheduler"),
                                     pl.lit(extra["chunked_prefill"]).alias("chunked_prefill"))
-                yield _frame(records, extra), tl
+                yield records_frame(records, extra), tl
 
 
 # ---------------------------------------------------------------------------- output
@@ -267,7 +266,3 @@ def to_json(summary: pl.DataFrame) -> str:
             if isinstance(v, float) and v != v:
                 row[k] = None
     return json.dumps(rows, indent=2)
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0", "false", "no")

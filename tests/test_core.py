@@ -50,11 +50,10 @@ def test_aggregates_match_detail(ops):
         gen = sum(r.generated_tokens for r in rows)
         assert iv.context_tokens == sum(r.request.prompt_tokens for r in decoding) + gen
         assert iv.predicted_tokens_remaining == sum(r.request.output_tokens for r in rows) - gen
-        ticking = [r for r in decoding]
         if iv.min_remaining_tokens is not None:
-            assert iv.min_remaining_tokens == min(r.request.output_tokens - r.generated_tokens for r in ticking)
+            assert iv.min_remaining_tokens == min(r.request.output_tokens - r.generated_tokens for r in decoding)
         else:
-            assert not ticking
+            assert not decoding
         assert sum(iv.decode_bucket_counts) == len(rows) == sum(iv.prompt_bucket_counts)
 
 

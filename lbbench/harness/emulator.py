@@ -66,6 +66,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_port_range(n: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """A base port ``p`` such that ``p .. p+n-1`` were all free just now (for
+    ``--port-base`` style options that number instances consecutively)."""
+    for _ in range(attempts):
+        p = free_port(host)
+        if p + n > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind((host, p + i))
+            return p
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {n} consecutive free ports on {host}")
+
+
 def _token_id(rid: int, j: int) -> int:
     return 100 + (rid * 31 + j * 7) % 900
 

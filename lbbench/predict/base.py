@@ -25,7 +25,7 @@ of the true bucket) and ``NoisyPredictor`` (the true bucket with probability
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..core import Request
@@ -41,6 +41,20 @@ PAPER_RATIO = 4.0
 
 class PredictorSpecError(ValueError):
     """A ``--predictor`` spec or a saved predictor directory is unusable."""
+
+
+@dataclass(kw_only=True)
+class TrainedModelConfig:
+    """What every trained predictor saves beside its weights (``config.json``)."""
+
+    scheme: dict[str, Any]
+    tasks: list[str]
+    bucket_expected_tokens: list[int]
+    length_baseline: dict[str, Any]
+    majority_bucket: int
+    train_fingerprints: list[str] = field(default_factory=list)
+    train_seconds: float = 0.0
+    num_train_examples: int = 0
 
 
 @dataclass(frozen=True, slots=True)

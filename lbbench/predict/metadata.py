@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import pickle
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..core import Request
-from .base import BucketScheme, Prediction, PredictorSpecError
+from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig
 from .data import Example, prompt_fingerprint
 from .metrics import LengthBaseline, majority_bucket
 
@@ -27,17 +27,9 @@ CONFIG_FILE = "config.json"
 MODEL_FILE = "model.pkl"
 
 
-@dataclass
-class MetadataModelConfig:
-    scheme: dict[str, Any]
-    tasks: list[str]
+@dataclass(kw_only=True)
+class MetadataModelConfig(TrainedModelConfig):
     estimator: str
-    bucket_expected_tokens: list[int]
-    length_baseline: dict[str, Any]
-    majority_bucket: int
-    train_fingerprints: list[str] = field(default_factory=list)
-    train_seconds: float = 0.0
-    num_train_examples: int = 0
     seed: int = 0
     kind: str = "metadata"
 

@@ -31,12 +31,12 @@ import math
 import random
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core import Request
-from .base import BucketScheme, Prediction, PredictorSpecError
+from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig
 from .data import Example, prompt_fingerprint
 from .metrics import LengthBaseline, majority_bucket
 
@@ -83,18 +83,10 @@ class TextTrainConfig:
     seed: int = 0
 
 
-@dataclass
-class TextModelConfig:
-    scheme: dict[str, Any]
-    tasks: list[str]
+@dataclass(kw_only=True)
+class TextModelConfig(TrainedModelConfig):
     train: dict[str, Any]
     encoder_source: str
-    bucket_expected_tokens: list[int]
-    length_baseline: dict[str, Any]
-    majority_bucket: int
-    train_fingerprints: list[str] = field(default_factory=list)
-    train_seconds: float = 0.0
-    num_train_examples: int = 0
     format_version: int = FORMAT_VERSION
     kind: str = "text"
 

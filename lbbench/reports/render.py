@@ -13,7 +13,6 @@ import json
 import math
 from typing import Any, Sequence
 
-import polars as pl
 
 from .tables import Table
 

@@ -48,8 +48,12 @@ class _Base:
             self._last = best
         return best
 
-    def pick(self, request: Request, view: ClusterView) -> int | None:
+    def cost(self, iv: InstanceView) -> float:
+        """Load figure of one instance; the default ``pick`` takes the lowest."""
         raise NotImplementedError
+
+    def pick(self, request: Request, view: ClusterView) -> int | None:
+        return self._argmin(view, self.cost)
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         inst = self.pick(queue[0], view)
@@ -89,8 +93,8 @@ class RandomRouter(_Seeded):
 
 @register("least_requests", "fewest outstanding requests (common production default)")
 class LeastRequests(_Base):
-    def pick(self, request: Request, view: ClusterView) -> int | None:
-        return self._argmin(view, lambda iv: iv.num_outstanding)
+    def cost(self, iv: InstanceView) -> float:
+        return iv.num_outstanding
 
 
 @register("power_of_two", "two random instances, the one with fewer outstanding requests")
@@ -106,22 +110,21 @@ class PowerOfTwo(_Seeded):
 
 @register("jsq", "join the shortest queue: fewest prompt + predicted decode tokens left")
 class JoinShortestQueue(_Base):
-    def pick(self, request: Request, view: ClusterView) -> int | None:
-        return self._argmin(view, lambda iv: iv.work_tokens)
+    def cost(self, iv: InstanceView) -> float:
+        return iv.work_tokens
 
 
 @register("decode_balancer", "balances the sum of predicted decode tokens left")
 class DecodeBalancer(_Base):
-    def pick(self, request: Request, view: ClusterView) -> int | None:
-        return self._argmin(view, lambda iv: iv.predicted_tokens_remaining)
+    def cost(self, iv: InstanceView) -> float:
+        return iv.predicted_tokens_remaining
 
 
 @register("mcu", "maximum capacity usage: the instance with the most free KV capacity")
 class MaxCapacity(_Base):
-    def pick(self, request: Request, view: ClusterView) -> int | None:
+    def cost(self, iv: InstanceView) -> float:
         # KV tokens a client expects in use: decoding context plus prompts about to be prefilled
-        return self._argmin(view, lambda iv: (iv.context_tokens + iv.prompt_tokens_pending)
-                            / max(1, iv.spec.kv_capacity_tokens))
+        return (iv.context_tokens + iv.prompt_tokens_pending) / max(1, iv.spec.kv_capacity_tokens)
 
 
 def job_time_s(request: Request, profile: Profile | None) -> float:

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core import (ClusterState, ClusterView, Decision, Dispatched, Event, Failed, Finished,
+from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished,
                     MetricsSample, Request, RequestRecord)
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
@@ -161,10 +161,7 @@ class ClusterSim:
     # ------------------------------------------------------------------ routing
     def dispatch(self, queue_index: int, instance: int) -> None:
         """Route ``queue[queue_index]`` to ``instance`` now (step-wise driving)."""
-        q = self.dispatcher._queue
-        req = q.pop(queue_index)
-        self.dispatcher.observe(Dispatched(req, instance, self.now_s))
-        self._send(req, instance)
+        self._send(self.dispatcher.dispatch(queue_index, instance, self.now_s), instance)
 
     def _send(self, req: Request, i: int) -> None:
         self._dispatch_s[req.request_id] = self.now_s
@@ -172,11 +169,11 @@ class ClusterSim:
         self._reschedule(i)
 
     def _epoch(self) -> None:
-        if not self._auto or not self.dispatcher._queue:
+        if not self._auto or not len(self.dispatcher):
             return
         for req, i in self.dispatcher.decide(self.now_s):
             self._send(req, i)
-        if self.dispatcher._queue and not self._timer_pending:
+        if len(self.dispatcher) and not self._timer_pending:
             self._timer_pending = True
             self._push(self.now_s + self.profile.min_step_s, _TIMER, None)
 

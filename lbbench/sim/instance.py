@@ -48,17 +48,16 @@ INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left")
 class SimRequest:
     """Engine-side state of one request."""
 
-    __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "arrival_s", "num_computed",
+    __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "num_computed",
                  "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
                  "first_token_s", "finish_s", "version", "expected")
 
-    def __init__(self, request: Request, arrival_s: float):
+    def __init__(self, request: Request):
         self.request = request
         self.rid = request.request_id
         self.prompt_tokens = request.prompt_tokens
         self.output_tokens = request.output_tokens
         self.expected = request.expected_output_tokens
-        self.arrival_s = arrival_s  # when it reached this instance
         self.num_computed = 0  # valid while not decoding
         self.generated = 0  # valid while not decoding
         self.blocks = 0  # valid while not decoding
@@ -122,7 +121,6 @@ class SimInstance:
         self.seg_b = 0.0
         self.seg_sched: list[tuple[SimRequest, int]] | None = None  # slow step: (request, tokens)
         self.now_s = 0.0  # time of the last step boundary
-        self.busy_s = 0.0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -168,7 +166,7 @@ class SimInstance:
     def add(self, request: Request, now_s: float) -> list[Event]:
         """The request reaches this instance at ``now_s``; returns events that happened up to then."""
         events = self.advance(now_s)
-        r = SimRequest(request, now_s)
+        r = SimRequest(request)
         if r.prompt_tokens + r.output_tokens > self.max_model_len:
             self.rejected[r.rid] = r
             events.append(Failed(r.rid, self.index, now_s,
@@ -460,7 +458,6 @@ class SimInstance:
                 demand += hist[(-(c + j)) % bs]
             self.used_blocks += demand
         self.clock += k
-        self.busy_s += end_s - t0
         self.now_s = end_s
         self.seg_k = 0
         events.append(StepsAdvanced(self.index, end_s, k))

@@ -14,30 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lbbench.harness.emulator import free_port
+from lbbench.harness.emulator import free_port, free_port_range
 from lbbench.harness.launcher import LaunchError, launch, split_cores
 
 FAKE = str(Path(__file__).with_name("fake_vllm_server.py"))
-
-
-def _free_ports(n: int) -> int:
-    """A port p with p .. p+n-1 all free."""
-    import socket
-    for _ in range(100):
-        p = free_port()
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p + i))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 def _pids(path: Path) -> list[int]:
@@ -76,7 +56,7 @@ def pid_file(tmp_path, monkeypatch):
 
 
 def test_servers_are_healthy_then_all_gone(tmp_path, pid_file):
-    port = _free_ports(2)
+    port = free_port_range(2)
     with launch("some/model", 2, log_dir=tmp_path / "logs", port_base=port, health_timeout_s=30,
                 command=[sys.executable, FAKE], max_num_seqs=8, chunked_prefill=False, stop_grace_s=2) as urls:
         assert urls == [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
@@ -129,7 +109,7 @@ def test_sigterm_to_the_launching_process_tears_everything_down(tmp_path, pid_fi
     script = textwrap.dedent(f"""
         import sys, time
         from lbbench.harness.launcher import launch
-        with launch("m", 2, log_dir={str(tmp_path)!r}, port_base={_free_ports(2)}, health_timeout_s=30,
+        with launch("m", 2, log_dir={str(tmp_path)!r}, port_base={free_port_range(2)}, health_timeout_s=30,
                     command=[sys.executable, {FAKE!r}], stop_grace_s=2) as urls:
             print("ready", flush=True)
             time.sleep(60)
@@ -169,7 +149,7 @@ def test_one_server_per_gpu_pinned_to_it(tmp_path, pid_file, monkeypatch):
     import lbbench.harness.launcher as launcher
 
     monkeypatch.setattr(launcher, "visible_gpus", lambda: ["2", "5"])
-    with launch("org/model", None, log_dir=tmp_path, port_base=_free_ports(2), health_timeout_s=30,
+    with launch("org/model", None, log_dir=tmp_path, port_base=free_port_range(2), health_timeout_s=30,
                 command=[sys.executable, FAKE, "serve"], stop_grace_s=2) as urls:
         assert len(urls) == 2  # one per visible GPU by default
     for i, gpu in enumerate(["2", "5"]):
@@ -177,7 +157,7 @@ def test_one_server_per_gpu_pinned_to_it(tmp_path, pid_file, monkeypatch):
         assert f"env CUDA_VISIBLE_DEVICES={gpu}" in log
         assert "env VLLM_CPU_OMP_THREADS_BIND=None" in log
         assert "--enforce-eager" not in log
-        assert f"serve org/model --host" in log  # `vllm serve MODEL`: positional
+        assert "serve org/model --host" in log  # `vllm serve MODEL`: positional
     with pytest.raises(LaunchError, match="--instances 3: only 2 GPU"):
         with launch("m", 3, log_dir=tmp_path, command=[sys.executable, FAKE]):
             pass
@@ -188,7 +168,7 @@ def test_cpu_servers_split_the_cores(tmp_path, pid_file, monkeypatch):
 
     monkeypatch.setattr(launcher, "visible_gpus", lambda: [])
     monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    with launch("m", 2, log_dir=tmp_path, port_base=_free_ports(2), health_timeout_s=30,
+    with launch("m", 2, log_dir=tmp_path, port_base=free_port_range(2), health_timeout_s=30,
                 command=[sys.executable, FAKE], stop_grace_s=2):
         pass
     assert "env VLLM_CPU_OMP_THREADS_BIND=0-1" in (tmp_path / "server-0.log").read_text()

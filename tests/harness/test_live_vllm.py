@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from lbbench.core import Request
+from lbbench.harness.emulator import free_port_range
 from lbbench.harness.launcher import find_vllm_python, launch
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
@@ -65,34 +66,11 @@ def _slice() -> tuple[list[Request], str]:
     return [dataclasses.replace(r, output_tokens=min(r.output_tokens, MAX_OUTPUT_TOKENS)) for r in reqs], source
 
 
-def _free_port_range(n: int) -> int:
-    import socket
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if p + n >= 65535:
-            continue
-        try:
-            socks = []
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p + i))
-            return p
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def test_tiny_model_on_two_vllm_cpu_instances(tmp_path):
     py = _vllm_python_or_skip()
     requests, source = _slice()
     assert len(requests) == NUM_REQUESTS
-    with launch("tiny", 2, vllm_python=py, log_dir=tmp_path / "logs", port_base=_free_port_range(2),
+    with launch("tiny", 2, vllm_python=py, log_dir=tmp_path / "logs", port_base=free_port_range(2),
                 health_timeout_s=600, max_num_seqs=32) as endpoints:
         for name in ("round_robin", "jsq"):
             router = get_router(name, num_instances=2, seed=0)
