@@ -15,6 +15,7 @@ import numpy as np
 
 from ..core import ClusterView, Decision, InstanceView, Request
 from ..profiles import Profile
+from .priority import job_time_s
 from .registry import register
 
 #: the paper's "heavy decode": >= 5 s of decoding at the profile's minimum step
@@ -125,14 +126,6 @@ class MaxCapacity(_Base):
     def cost(self, iv: InstanceView) -> float:
         # KV tokens a client expects in use: decoding context plus prompts about to be prefilled
         return (iv.context_tokens + iv.prompt_tokens_pending) / max(1, iv.spec.kv_capacity_tokens)
-
-
-def job_time_s(request: Request, profile: Profile | None) -> float:
-    """Serial service-time estimate: prefill + predicted decode at the minimum step."""
-    if profile is None:
-        return float(request.prompt_tokens * 2e-4 + request.expected_output_tokens * 0.02)
-    return (request.prompt_tokens * profile.prefill_token_s
-            + request.expected_output_tokens * profile.min_step_s)
 
 
 def ready_time_s(iv: InstanceView, profile: Profile | None) -> float:

@@ -41,8 +41,9 @@ import numpy as np
 
 from ..core import Event, Failed, Finished, FirstToken, Preempted, Request, StepsAdvanced
 from ..profiles import Profile
+from ..routers.priority import request_priority
 
-INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left")
+INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left", "priority")
 
 
 class SimRequest:
@@ -288,6 +289,8 @@ class SimInstance:
             return self.waiting[0]
         if self.scheduler == "least_work_left":
             return min(self.waiting, key=lambda r: r.expected - r.generated)
+        if self.scheduler == "priority":  # vLLM's priority policy: (priority, arrival) first
+            return min(self.waiting, key=self._priority_key)
         # bin_packing: the largest request that fits in free memory, FCFS among ties
         free_tokens = (self.num_blocks - self.used_blocks) * self.bs
         best = None
@@ -297,6 +300,21 @@ class SimInstance:
             if size <= free_tokens and size > best_size:
                 best, best_size = r, size
         return best if best is not None else self.waiting[0]
+
+    def _priority_key(self, r: SimRequest) -> tuple[int, float, int]:
+        """vLLM's priority order: the request's priority (its predicted work,
+        ``lbbench.routers.priority``), then arrival."""
+        return (request_priority(r.request, self.profile), r.request.arrival_s, r.rid)
+
+    def _victim(self, first: int) -> SimRequest:
+        """The running request to preempt: the newest, or under the priority
+        policy the one with the largest (priority, arrival), as vLLM does. Only
+        requests not yet scheduled in this step (``running[first:]``, the one
+        that needs the block included) are candidates, so a step never takes
+        back what it already handed out."""
+        if self.scheduler == "priority":
+            return max(self.running[first:], key=self._priority_key)
+        return self.running[-1]
 
     def _plan(self, events: list[Event]) -> None:
         """Schedule the next step at ``self.now_s`` and decide how many steps it repeats.
@@ -386,7 +404,7 @@ class SimInstance:
                     continue
                 grow = -(-(r.num_computed + need) // bs) - r.blocks
             while grow > self.num_blocks - self.used_blocks:
-                victim = self.running[-1]
+                victim = self._victim(i)
                 preempted = True
                 if victim.decoding and victim is not r:
                     dec_left -= 1
