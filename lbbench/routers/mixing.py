@@ -1,39 +1,31 @@
-"""Workload impact estimator: the paper's mixing penalty, as pure functions.
+"""Workload impact estimator: the paper's mixing reward, as pure functions.
 
-Jain et al. observe that on a continuously batched instance the end-to-end
-latency of a request grows about linearly with the prompt tokens and the
-decode tokens of the requests it is batched with: ``grad1`` seconds per
-co-running prompt token (prefill stalls every decode step it shares) and
-``grad2`` seconds per co-running decode token (3.2e-4 and 3.3e-5 s/token for
-Llama-2-7B on a V100). Putting a request on an instance therefore costs more
-than its own service time: it slows the requests already there, and they slow
-it. This module estimates that cross-interference from numbers a router can
-see (``lbbench.core.InstanceView``) and the request's prompt and *predicted*
-decode length.
+Jain et al. (arXiv 2408.13510, Sec. 4) observe that on a continuously batched
+instance the end-to-end latency of a request grows about linearly with the
+tokens of the requests it is batched with: ``grad1`` seconds per prompt token
+and ``grad2`` seconds per decode token (3.2e-4 and 3.3e-5 for Llama-2-7B on a
+V100). Putting request ``i`` (prompt ``p_i`` tokens, *predicted* decode ``d_i``
+tokens) on an instance whose requests ``j`` hold ``p_j`` prompt and ``d_j``
+generated tokens costs, in the paper's form (the default, ``estimator="paper"``):
 
-For an instance with ``n`` outstanding requests whose prompt tokens still to
-prefill sum to ``P`` and whose predicted remaining decode tokens sum to ``D``,
-and a new request with ``p`` prompt tokens and ``d`` predicted decode tokens:
+* ``T_p = grad1 * (p_i**2 + Σ_j (p_j + d_j))`` — the prefill time estimate;
+  ``Σ_j (p_j + d_j)`` is the KV the instance holds (``kv_tokens_held``: the
+  context of its decoding requests plus the prompts it still has to prefill);
+* ``r_p = 1 - T_p / epsilon`` when ``T_p > epsilon``, else ``0`` — the prefill
+  reward, zero while the prefill stays under the threshold ``epsilon``;
+* ``r_d = -grad2 * (Σ_j (p_j + d_j) + p_i + d_i)`` — the decode reward;
+* ``r_mix = alpha * r_p + (1 - alpha) * r_d`` (``alpha = 0.5`` in the paper).
 
-* prefill interference ``I_p = grad1 * (n*p + P)``: the new prompt stalls each
-  of the ``n`` co-runners while it is prefilled, and the prompts still pending
-  there stall the new request;
-* decode interference ``I_d = grad2 * 2 * min(n*d, D)``: the new request shares
-  at most ``min(d, D_j)`` decode steps with co-runner ``j``; summed over the
-  co-runners this is at most ``min(n*d, D)`` shared tokens, and each shared
-  step slows both sides (hence the factor 2);
-* impact ``I = alpha * I_p + (1 - alpha) * I_d`` seconds of added latency
-  summed over the requests involved; ``alpha`` weighs prefill against decode
-  interference (the paper uses 0.5);
-* the mixing penalty is ``r_mixing = I`` when ``I >= epsilon`` and ``0``
-  otherwise: impacts below the profile's threshold ``epsilon`` (seconds) are
-  noise the router should ignore.
+``r_mix <= 0``; the *mixing penalty* is ``-r_mix >= 0`` (larger is worse), and
+the guidance of the RL router is the gap ``h = max_i r_mix(i) - r_mix(chosen)``
+(``guidance_gap`` on the penalties: "how much worse than the least-impact
+instance"; 0 when the choice is the best).
 
-The RL reward uses the *guidance gap* ``h = r_mixing(chosen) - min_i
-r_mixing(i)`` (>= 0, and 0 when the choice has the least impact). The paper
-writes the same quantity with the penalty's sign flipped (a mixing *score*
-``-r_mixing``, ``h = max_i score(i) - score(chosen)``); both read "how much worse
-than the least-impact instance".
+``estimator="interference"`` keeps lbbench's earlier cross-interference
+estimate as a named option: for ``n`` outstanding requests with ``P`` prompt
+tokens still to prefill and ``D`` predicted decode tokens left, ``I_p = grad1 *
+(n*p + P)``, ``I_d = grad2 * 2 * min(n*d, D)``, ``I = alpha*I_p + (1-alpha)*I_d``
+seconds, counted when ``I >= epsilon``. It ignores the KV held.
 
 Everything here is a pure function of floats/ints, so heuristic routers and the
 RL environment share one definition.
@@ -106,21 +98,68 @@ def r_mixing(params: MixingParams, *, num_running: int, pending_prompt_tokens: i
     return impact if impact >= params.epsilon else 0.0
 
 
+def paper_prefill_time_s(params: MixingParams, prompt_tokens: int, held_tokens: int) -> float:
+    """The paper's ``T_p = grad1 * (p_i**2 + Σ_j (p_j + d_j))``."""
+    return params.grad1 * (prompt_tokens * prompt_tokens + held_tokens)
+
+
+def paper_prefill_reward(params: MixingParams, prefill_time_s: float) -> float:
+    """The paper's ``r_p``: ``1 - T_p / epsilon`` above ``epsilon``, else 0 (with
+    ``epsilon = 0`` there is no threshold to scale by: ``r_p = -T_p``)."""
+    if params.epsilon <= 0.0:
+        return -prefill_time_s
+    if prefill_time_s > params.epsilon:
+        return 1.0 - prefill_time_s / params.epsilon
+    return 0.0
+
+
+def paper_decode_reward(params: MixingParams, held_tokens: int, prompt_tokens: int,
+                        decode_tokens: int) -> float:
+    """The paper's ``r_d = -grad2 * (Σ_j (p_j + d_j) + p_i + d_i)``."""
+    return -params.grad2 * (held_tokens + prompt_tokens + decode_tokens)
+
+
+def paper_r_mix(params: MixingParams, *, held_tokens: int, prompt_tokens: int,
+                decode_tokens: int) -> float:
+    """The paper's ``r_mix = alpha * r_p + (1 - alpha) * r_d`` (always <= 0)."""
+    t_p = paper_prefill_time_s(params, prompt_tokens, held_tokens)
+    a = params.alpha
+    return (a * paper_prefill_reward(params, t_p)
+            + (1.0 - a) * paper_decode_reward(params, held_tokens, prompt_tokens, decode_tokens))
+
+
+def kv_tokens_held(instance: InstanceView) -> int:
+    """``Σ_j (p_j + d_j)`` over an instance's outstanding requests: the context of
+    its decoding requests plus the prompts it has still to (re)fill."""
+    return int(instance.context_tokens) + int(instance.prompt_tokens_pending)
+
+
+ESTIMATORS = ("paper", "interference")
+
+
 def instance_penalty(params: MixingParams, instance: InstanceView, prompt_tokens: int,
-                     decode_tokens: int) -> float:
-    """``r_mixing`` for one instance of a ``ClusterView``."""
+                     decode_tokens: int, estimator: str = "paper") -> float:
+    """The mixing penalty (>= 0, larger is worse) of one instance of a
+    ``ClusterView``: ``-r_mix`` (``estimator="paper"``) or the interference
+    estimate ``r_mixing`` (``estimator="interference"``)."""
+    if estimator == "paper":
+        return -paper_r_mix(params, held_tokens=kv_tokens_held(instance),
+                            prompt_tokens=prompt_tokens, decode_tokens=decode_tokens)
+    if estimator != "interference":
+        raise ValueError(f"mixing: unknown estimator {estimator!r} (choose from {', '.join(ESTIMATORS)})")
     return r_mixing(params, num_running=instance.num_outstanding,
                     pending_prompt_tokens=instance.prompt_tokens_pending,
                     remaining_decode_tokens=instance.predicted_tokens_remaining,
                     prompt_tokens=prompt_tokens, decode_tokens=decode_tokens)
 
 
-def penalties(params: MixingParams, view: ClusterView, request: Request) -> list[float]:
-    """``r_mixing`` of ``request`` on every instance (predicted decode length
-    when the request carries one, else its true length)."""
+def penalties(params: MixingParams, view: ClusterView, request: Request,
+              estimator: str = "paper") -> list[float]:
+    """The mixing penalty of ``request`` on every instance (predicted decode
+    length when the request carries one, else its true length)."""
     d = request.expected_output_tokens
     p = request.prompt_tokens
-    return [instance_penalty(params, iv, p, d) for iv in view.instances]
+    return [instance_penalty(params, iv, p, d, estimator) for iv in view.instances]
 
 
 def guidance_gap(penalty_by_instance: Sequence[float], chosen: int,

@@ -13,8 +13,13 @@ from lbbench.routers.mixing import (
     MixingParams,
     decode_interference_s,
     guidance_gap,
+    kv_tokens_held,
     least_impact_instance,
     mixing_impact_s,
+    paper_decode_reward,
+    paper_prefill_reward,
+    paper_prefill_time_s,
+    paper_r_mix,
     penalties,
     prefill_interference_s,
     r_mixing,
@@ -83,7 +88,7 @@ def test_penalties_from_cluster_view():
     state.apply(StepsAdvanced(1, 0.5, 49))
     view = state.view()
     assert view.instances[1].predicted_tokens_remaining == 250
-    pens = penalties(V100, view, _req(9, 200, 100))
+    pens = penalties(V100, view, _req(9, 200, 100), estimator="interference")
     # inst 0: 0.5*3.2e-4*(200+1000) + 0.5*3.3e-5*2*min(100,300) = 0.192 + 0.0033
     assert pens[0] == pytest.approx(0.1953)
     # inst 1: 0.5*3.2e-4*200 + 0.5*3.3e-5*2*100 = 0.032 + 0.0033
@@ -93,6 +98,78 @@ def test_penalties_from_cluster_view():
     assert guidance_gap(pens, 2) == 0.0
     assert guidance_gap(pens, 0) == pytest.approx(0.1953)
     assert guidance_gap(pens, 0, candidates=[0, 1]) == pytest.approx(0.16)
+
+
+# ---- the paper's estimator (the default), against values worked out by hand
+
+PAPER = MixingParams(grad1=3.2e-4, grad2=3.3e-5, epsilon=0.05, alpha=0.5)
+
+
+def test_paper_prefill_time_hand_computed():
+    # p_i = 10, instance holds 1000 tokens: 3.2e-4 * (100 + 1000) = 0.352 s
+    assert paper_prefill_time_s(PAPER, 10, 1000) == pytest.approx(0.352)
+    # empty instance, p_i = 5: 3.2e-4 * 25 = 0.008 s (under epsilon)
+    assert paper_prefill_time_s(PAPER, 5, 0) == pytest.approx(0.008)
+
+
+def test_paper_prefill_reward_threshold_hand_computed():
+    # above epsilon: 1 - 0.352 / 0.05 = -6.04
+    assert paper_prefill_reward(PAPER, 0.352) == pytest.approx(-6.04)
+    # at or below epsilon: 0
+    assert paper_prefill_reward(PAPER, 0.008) == 0.0
+    assert paper_prefill_reward(PAPER, 0.05) == 0.0
+    # epsilon = 0: no threshold, r_p = -T_p
+    assert paper_prefill_reward(MixingParams(3.2e-4, 3.3e-5, 0.0, 0.5), 0.352) == pytest.approx(-0.352)
+
+
+def test_paper_decode_reward_hand_computed():
+    # -3.3e-5 * (1000 + 10 + 200) = -0.03993
+    assert paper_decode_reward(PAPER, 1000, 10, 200) == pytest.approx(-0.03993)
+
+
+def test_paper_r_mix_hand_computed():
+    # 0.5 * (-6.04) + 0.5 * (-0.03993) = -3.039965
+    assert paper_r_mix(PAPER, held_tokens=1000, prompt_tokens=10, decode_tokens=200) == pytest.approx(
+        -3.039965)
+    # empty instance, short prompt: only the decode term, 0.5 * -3.3e-5 * 205 = -0.0033825
+    assert paper_r_mix(PAPER, held_tokens=0, prompt_tokens=5, decode_tokens=200) == pytest.approx(
+        -0.0033825)
+    # alpha = 1: prefill only; alpha = 0: decode only
+    a1 = MixingParams(3.2e-4, 3.3e-5, 0.05, 1.0)
+    a0 = MixingParams(3.2e-4, 3.3e-5, 0.05, 0.0)
+    assert paper_r_mix(a1, held_tokens=1000, prompt_tokens=10, decode_tokens=200) == pytest.approx(-6.04)
+    assert paper_r_mix(a0, held_tokens=1000, prompt_tokens=10, decode_tokens=200) == pytest.approx(-0.03993)
+
+
+def test_paper_penalties_read_the_kv_held_from_the_view():
+    state = ClusterState([InstanceSpec()] * 3)
+    # instance 0: one request waiting to prefill 1000 prompt tokens -> holds 1000
+    state.apply(Dispatched(_req(1, 1000, 300), 0, 0.0))
+    # instance 1: prompt 100 decoding, 50 generated -> context 150 (first token + 49 steps)
+    state.apply(Dispatched(_req(2, 100, 300), 1, 0.0))
+    state.apply(FirstToken(2, 1, 0.1))
+    state.apply(StepsAdvanced(1, 0.5, 49))
+    view = state.view()
+    assert [kv_tokens_held(iv) for iv in view.instances] == [1000, 150, 0]
+    pens = penalties(PAPER, view, _req(9, 10, 200))  # the default estimator is the paper's
+    # inst 0: -r_mix = 3.039965 (hand-computed above)
+    assert pens[0] == pytest.approx(3.039965)
+    # inst 1: T_p = 3.2e-4*(100+150) = 0.08 -> r_p = 1 - 1.6 = -0.6;
+    #         r_d = -3.3e-5*(150+210) = -0.01188; -r_mix = 0.3 + 0.00594 = 0.30594
+    assert pens[1] == pytest.approx(0.30594)
+    # inst 2: T_p = 0.032 < epsilon -> r_p = 0; r_d = -3.3e-5*210 -> 0.003465
+    assert pens[2] == pytest.approx(0.003465)
+    assert least_impact_instance(pens) == 2
+    assert guidance_gap(pens, 1) == pytest.approx(0.302475)
+    with pytest.raises(ValueError, match="estimator"):
+        penalties(PAPER, view, _req(9, 10, 200), estimator="nope")
+
+
+@given(st.integers(0, 4096), st.integers(0, 20_000), st.integers(0, 4096), st.integers(0, 20_000))
+def test_paper_r_mix_nonpositive_and_monotone_in_kv_held(p, held, d, extra):
+    r = paper_r_mix(PAPER, held_tokens=held, prompt_tokens=p, decode_tokens=d)
+    assert r <= 0.0 and math.isfinite(r)
+    assert paper_r_mix(PAPER, held_tokens=held + extra, prompt_tokens=p, decode_tokens=d) <= r + 1e-12
 
 
 counts = st.integers(0, 300)
