@@ -20,6 +20,10 @@ Public formats read directly (recognised by their keys / file names):
   (``question_id``, ``text``, ``category``) plus ``answer_*.jsonl`` files in the
   same directory; task = ``category``, model = ``model_id``. Pass the directory,
   ``question.jsonl`` (all answer files) or one answer file.
+* FastChat ``llm_judge`` directories (``question.jsonl`` with ``turns`` +
+  ``model_answer/<model>.jsonl``), ShareGPT JSON, LMSYS-Chat-style JSONL
+  (``conversation``) and OpenAI chat JSONL (``messages``): one row per
+  assistant turn, the conversation so far as the prompt (``chat_formats``).
 * self-instruct ``*_predictions.jsonl`` (``prompt``, ``instruction``, ``input``,
   ``response``); task = ``motivation_app`` from a sibling
   ``user_oriented_instructions.jsonl`` (same order) when present.
@@ -39,7 +43,6 @@ word/punctuation count is used and ``token_counter_name()`` says so.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import random
@@ -48,13 +51,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .base import BucketScheme
-
-
-class DataError(ValueError):
-    """A corpus file is missing or malformed (message names the file and row)."""
+from .data_rows import DataError, Raw as _Raw, opt_str as _opt_str, read_jsonl as _read_jsonl
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,39 +111,6 @@ def count_tokens(text: str) -> int:
 # --------------------------------------------------------------------------- raw rows
 
 
-@dataclass
-class _Raw:
-    prompt: str
-    task: str | None
-    model: str | None
-    output_tokens: int | None = None
-    response: str | None = None
-    prompt_tokens: int | None = None
-    source: str = ""
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{i}: not valid JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}:{i}: expected a JSON object")
-            rows.append(obj)
-    return rows
-
-
-def _opt_str(x: Any) -> str | None:
-    return None if x is None or x == "" else str(x)
-
-
 def _native(path: Path, rows: list[dict]) -> list[_Raw]:
     out = []
     for i, r in enumerate(rows, 1):
@@ -192,7 +159,12 @@ def _read_user_oriented(path: Path, rows: list[dict]) -> list[_Raw]:
 
 
 def _read_fastchat(question_path: Path, answer_paths: Iterable[Path]) -> list[_Raw]:
-    qs = {r["question_id"]: r for r in _read_jsonl(question_path)}
+    qs = {}
+    for i, r in enumerate(_read_jsonl(question_path), 1):
+        if "question_id" not in r or "text" not in r:
+            raise DataError(f"{question_path}:{i}: missing key "
+                            f"{'question_id' if 'question_id' not in r else 'text'!r}")
+        qs[r["question_id"]] = r
     out = []
     for ap in answer_paths:
         for i, a in enumerate(_read_jsonl(ap), 1):
@@ -212,6 +184,10 @@ def _read_json_array(path: Path, explicit: bool = False) -> list[_Raw] | None:
     if not (isinstance(data, list) and data and isinstance(data[0], dict)):
         return None
     keys = set(data[0])
+    if "conversations" in keys:
+        from .chat_formats import read_sharegpt
+
+        return read_sharegpt(path, data)
     if {"instruction", "output"} <= keys:
         out = []
         for r in data:
@@ -234,6 +210,12 @@ def _read_file(path: Path, explicit: bool = False) -> list[_Raw] | None:
         return _read_json_array(path, explicit)
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
         return None
+    from . import chat_formats as chat
+
+    if chat.is_llm_judge_question_file(path):
+        return chat.read_llm_judge(path)
+    if (question := chat.llm_judge_question_of(path)) is not None:
+        return chat.read_llm_judge(question, [path])
     if name == "question.jsonl":
         return _read_fastchat(path, sorted(path.parent.glob("answer_*.jsonl")))
     if name.startswith("answer_") and (path.parent / "question.jsonl").is_file():
@@ -242,6 +224,10 @@ def _read_file(path: Path, explicit: bool = False) -> list[_Raw] | None:
     if not rows:
         return []
     keys = set(rows[0])
+    if "conversation" in keys:
+        return chat.read_messages_jsonl(path, "conversation")
+    if "messages" in keys:
+        return chat.read_messages_jsonl(path, "messages")
     if name == "user_oriented_instructions.jsonl" and "instances" in keys:
         return _read_user_oriented(path, rows)
     if {"prompt", "instruction", "response"} <= keys:
@@ -257,7 +243,11 @@ def _files_of(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if p.is_file())
     # a FastChat directory is read through question.jsonl (which pulls in the answers)
     fastchat_dirs = {p.parent for p in files if p.name == "question.jsonl"}
-    return [p for p in files if not (p.name.startswith("answer_") and p.parent in fastchat_dirs)]
+    # llm_judge: answers under model_answer/ are read with their question.jsonl;
+    # reference answers and judgments beside them are not model outputs to learn from
+    judge_parts = {d / sub for d in fastchat_dirs for sub in ("model_answer", "reference_answer", "model_judgment")}
+    return [p for p in files if not (p.name.startswith("answer_") and p.parent in fastchat_dirs)
+            and not any(part in p.parents for part in judge_parts)]
 
 
 @dataclass
