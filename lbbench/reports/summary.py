@@ -24,6 +24,13 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
 - ``throughput_tokens_per_s``: per seed, generated tokens of completed requests divided by
   (last finish - first arrival); averaged over seeds.
 - ``completed`` / ``failed``: request counts summed over all seeds.
+- ``router_wait_max_s``: the longest wait at the router of any request in any seed.
+- ``makespan_s``: per seed, last finish - first arrival; averaged over seeds.
+- ``slo_attainment``: per seed, the share of *all* requests (failed ones count as misses)
+  that completed within every limit of the ``Slo`` (with no ``Slo``, every completed
+  request counts); averaged over seeds. ``goodput_per_s``: per seed, those requests
+  divided by the makespan; averaged over seeds. TBT limits apply to each request's mean
+  time between tokens (its time per output token); a request with one token meets any.
 - Live runs only (null when no request carries an ``actual_send_s``):
   ``dispatch_lag_p50_s`` / ``dispatch_lag_p99_s`` over sent requests, ``achieved_rate_per_s``
   = sent requests / (last send - first send), ``requested_rate_per_s`` = rows / (last
@@ -32,6 +39,7 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import polars as pl
@@ -44,7 +52,8 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "improvement_vs_round_robin_s", "p50_e2e_s", "p90_e2e_s", "p99_e2e_s", "mean_ttft_s",
     "p99_ttft_s", "mean_tbt_s", "p99_tbt_s", "max_tbt_s", "mean_router_wait_s", "preemptions",
     "throughput_tokens_per_s", "completed", "failed", "dispatch_lag_p50_s", "dispatch_lag_p99_s",
-    "achieved_rate_per_s", "requested_rate_per_s",
+    "achieved_rate_per_s", "requested_rate_per_s", "router_wait_max_s", "makespan_s",
+    "goodput_per_s", "slo_attainment",
 )
 
 _FLOAT_COLS = ("arrival_s", "dispatch_s", "first_token_s", "finish_s", "tbt_mean_s", "tbt_p99_s",
@@ -55,6 +64,35 @@ _REQUIRED = ("router", "seed", "arrival_s", "dispatch_s", "first_token_s", "fini
 
 class SummaryError(ValueError):
     """The requests frame lacks what a summary needs (message names the column)."""
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency limits (seconds) for goodput; None means no limit on that metric.
+
+    ``tbt_s`` applies to each request's mean time between tokens.
+    """
+
+    ttft_s: float | None = None
+    tbt_s: float | None = None
+    e2e_s: float | None = None
+
+    def describe(self) -> str:
+        parts = [f"{n} <= {v:g} s" for n, v in (("TTFT", self.ttft_s), ("TBT", self.tbt_s),
+                                                ("E2E", self.e2e_s)) if v is not None]
+        return ", ".join(parts) or "no limits"
+
+
+def slo_met_expr(slo: Slo | None) -> pl.Expr:
+    """True for requests (of a ``derive``d frame) that completed within every limit."""
+    ok = completed_expr()
+    if slo is None:
+        return ok
+    for col, lim in (("ttft_s", slo.ttft_s), ("tbt_mean_s", slo.tbt_s), ("e2e_s", slo.e2e_s)):
+        if lim is not None:
+            missing = 0.0 if col == "tbt_mean_s" else float("inf")  # one token: no gap to judge
+            ok = ok & (pl.col(col).fill_null(missing) <= lim)
+    return ok
 
 
 def improvement_pct_col(baseline: str = "round_robin") -> str:
@@ -108,7 +146,7 @@ def _check(lf: pl.LazyFrame, by: Sequence[str]) -> None:
                            f"(has: {', '.join(schema.names())})")
 
 
-def per_seed(df: Frame, by: Sequence[str] = ("router",)) -> pl.LazyFrame:
+def per_seed(df: Frame, by: Sequence[str] = ("router",), slo: Slo | None = None) -> pl.LazyFrame:
     """One row per (group keys, seed) with the per-seed statistics ``summarize`` averages."""
     by = list(by)
     lf = _lazy(df)
@@ -124,6 +162,7 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",)) -> pl.LazyFrame:
     send_span = pl.col("actual_send_s").max() - pl.col("actual_send_s").min()
     arrival_span = pl.col("arrival_s").max() - pl.col("arrival_s").min()
     span = c("finish_s").max() - pl.col("arrival_s").min()
+    met = slo_met_expr(slo)
     return (
         lf.group_by([*by, "seed"], maintain_order=True)
         .agg(
@@ -145,6 +184,10 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",)) -> pl.LazyFrame:
             dispatch_lag_p99_s=pl.col("dispatch_lag_s").filter(sent).quantile(0.99, "linear"),
             achieved_rate_per_s=pl.when(live & (send_span > 0)).then(sent.sum() / send_span),
             requested_rate_per_s=pl.when(live & (arrival_span > 0)).then(pl.len() / arrival_span),
+            router_wait_max_s=pl.col("router_wait_s").max(),
+            makespan_s=span,
+            goodput_per_s=pl.when(span > 0).then(met.sum() / span),
+            slo_attainment=met.mean(),
         )
     )
 
@@ -162,7 +205,8 @@ def _paired(seeds: pl.LazyFrame, by: list[str], baseline: str) -> pl.LazyFrame:
             ))
 
 
-def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round_robin") -> pl.DataFrame:
+def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round_robin",
+              slo: Slo | None = None) -> pl.DataFrame:
     """One row per group: keys of ``by``, then ``METRIC_COLUMNS`` (see module docstring).
 
     Groups keep the order in which they first appear in ``df``. When ``baseline`` is not
@@ -171,11 +215,11 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
     by = list(by)
     if "router" not in by:
         by = ["router", *by]
-    seeds = _paired(per_seed(df, by), by, baseline)
+    seeds = _paired(per_seed(df, by, slo), by, baseline)
     mean_cols = ["p50_e2e_s", "p90_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "mean_tbt_s",
                  "p99_tbt_s", "mean_router_wait_s", "preemptions", "throughput_tokens_per_s",
                  "dispatch_lag_p50_s", "dispatch_lag_p99_s", "achieved_rate_per_s",
-                 "requested_rate_per_s"]
+                 "requested_rate_per_s", "makespan_s", "goodput_per_s", "slo_attainment"]
     out = (
         seeds.group_by(by, maintain_order=True)
         .agg(
@@ -186,6 +230,7 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
             improvement_vs_round_robin_pct=pl.col("_imp_pct").mean(),
             improvement_vs_round_robin_s=pl.col("_imp_s").mean(),
             max_tbt_s=pl.col("max_tbt_s").max(),
+            router_wait_max_s=pl.col("router_wait_max_s").max(),
             completed=pl.col("completed").sum(),
             failed=pl.col("failed").sum(),
             *[pl.col(m).mean() for m in mean_cols],
@@ -199,10 +244,10 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
     return out
 
 
-def summary_records(df: Frame, by: Sequence[str] = ("router",),
-                    baseline: str = "round_robin") -> list[dict[str, Any]]:
+def summary_records(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round_robin",
+                    slo: Slo | None = None) -> list[dict[str, Any]]:
     """``summarize`` as a list of plain dicts (JSON-ready: NaN becomes None)."""
-    rows = summarize(df, by=by, baseline=baseline).to_dicts()
+    rows = summarize(df, by=by, baseline=baseline, slo=slo).to_dicts()
     for row in rows:
         for k, v in row.items():
             if isinstance(v, float) and v != v:

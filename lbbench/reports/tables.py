@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .stats import MEAN, bootstrap_change, side_from_rows
-from .summary import completed_expr, derive, improvement_pct_col, improvement_s_col, summarize
+from .summary import (Slo, completed_expr, derive, improvement_pct_col, improvement_s_col, slo_met_expr,
+                      summarize)
 
 
 @dataclass
@@ -36,23 +37,6 @@ class Table:
     note: str = ""
     keys: list[str] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # column -> header, beyond the defaults
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Latency limits (seconds) for goodput; None means no limit on that metric.
-
-    ``tbt_s`` applies to each request's mean time between tokens.
-    """
-
-    ttft_s: float | None = None
-    tbt_s: float | None = None
-    e2e_s: float | None = None
-
-    def describe(self) -> str:
-        parts = [f"{n} <= {v:g} s" for n, v in (("TTFT", self.ttft_s), ("TBT", self.tbt_s),
-                                                ("E2E", self.e2e_s)) if v is not None]
-        return ", ".join(parts) or "no limits"
 
 
 def improvement_cis(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin",
@@ -155,10 +139,7 @@ def live_table(summary: pl.DataFrame, keys: list[str]) -> Table | None:
 def goodput_table(lf: pl.LazyFrame, keys: list[str], slo: Slo) -> Table:
     """Per seed: share of *all* requests that completed within every limit; mean over seeds."""
     d = derive(lf)
-    ok = completed_expr()
-    for col, lim in (("ttft_s", slo.ttft_s), ("tbt_mean_s", slo.tbt_s), ("e2e_s", slo.e2e_s)):
-        if lim is not None:
-            ok = ok & (pl.col(col).fill_null(float("inf")) <= lim)
+    ok = slo_met_expr(slo)
     span = pl.col("finish_s").max() - pl.col("arrival_s").min()
     df = (d.group_by([*keys, "seed"], maintain_order=True)
           .agg(goodput_pct=100.0 * ok.mean(), met=ok.sum(),

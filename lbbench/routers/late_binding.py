@@ -497,14 +497,14 @@ class LateBindingRouter:
         decode = d * (self._b * iv.num_decoding + self._c * iv.context_tokens) + self._b * shared
         return self.params.prefill_weight * prefill + self.params.decode_weight * decode
 
-    def _place(self, r: Request, gates: list[_Gate]) -> int:
+    def _place(self, r: Request, ivs: list[InstanceView]) -> int:
         p, d = r.prompt_tokens, self.planned_output_tokens(r)
-        if self.params.choices >= 2 and len(gates) > self.params.choices:
-            pick = self._rng.choice(len(gates), size=self.params.choices, replace=False)
-            gates = [gates[int(k)] for k in sorted(pick)]
-        costs = [self.cost_s(g.view, p, d) for g in gates]
+        if self.params.choices >= 2 and len(ivs) > self.params.choices:
+            pick = self._rng.choice(len(ivs), size=self.params.choices, replace=False)
+            ivs = [ivs[int(k)] for k in sorted(pick)]
+        costs = [self.cost_s(iv, p, d) for iv in ivs]
         best = min(costs)
-        tied = [g.index for g, c in zip(gates, costs) if c <= best + self.params.tie_s]
+        tied = [iv.index for iv, c in zip(ivs, costs) if c <= best + self.params.tie_s]
         return tied[0] if len(tied) == 1 else int(tied[int(self._rng.integers(len(tied)))])
 
     # ------------------------------------------------------------------ routing
@@ -517,13 +517,17 @@ class LateBindingRouter:
         self._sync(queue)
         prm = self.params
         head = queue[0]
-        aged = now_s - head.arrival_s >= prm.max_wait_s
+        if now_s - head.arrival_s >= prm.max_wait_s:
+            # the bound: the oldest request goes now, past every gate, to the
+            # cheapest healthy instance (it queues there, no longer here)
+            self.num_aged_releases += 1
+            return self._take(queue, head, None, self._place(head, healthy))
         open_ivs = [iv for iv in healthy if self._open(iv, now_s)]
         if not open_ivs:
             return None
         # nothing changed since the last deferral (no arrival, dispatch, first
         # token or completion): the answer is still "defer" unless aging kicks in
-        sig = (len(queue), aged,
+        sig = (len(queue),
                tuple((iv.index, iv.num_outstanding, iv.num_prefilling) for iv in open_ivs))
         if sig == self._idle_sig and now_s - self._last_eval_s < prm.refresh_s:
             return None
@@ -534,14 +538,6 @@ class LateBindingRouter:
             cap = self._capacity(iv)
             gates.append(_Gate(iv, cap, cap * (1.0 + prm.kv_slack), plan, prm.overrun_tokens))
 
-        if aged:
-            # oldest first, strictly: it is bound before anything is backfilled past it
-            eligible = self._eligible(head, gates)
-            if not eligible:
-                self._idle_sig = sig
-                return None
-            self.num_aged_releases += 1
-            return self._take(queue, head, None, self._place(head, eligible))
         # backfill in release order; the largest prompt any gate admits for a given
         # output length is computed once per length (it is what every candidate needs)
         uniform = all(g.cap == gates[0].cap for g in gates)
@@ -557,6 +553,6 @@ class LateBindingRouter:
                     continue
             eligible = self._eligible(r, gates)
             if eligible:
-                return self._take(queue, r, pos, self._place(r, eligible))
+                return self._take(queue, r, pos, self._place(r, [g.view for g in eligible]))
         self._idle_sig = sig
         return None
