@@ -19,7 +19,7 @@ def test_train_command_writes_a_checkpoint(tmp_path):
         "--learning-starts", "16", "--batch-size", "16", "--buffer-size", "1000", "--val-seeds", "1",
         "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
-    assert "trained baseline_rl for llama2-7b-v100 x2: 2 episodes" in res.output
+    assert "trained baseline_rl for llama2-7b-v100 x2 on paper-mix: 2 episodes" in res.output
     pol = QPolicy.load(out)
     assert pol.meta["variant"] == "baseline_rl" and pol.meta["profile"] == "llama2-7b-v100"
     assert pl.read_parquet(out / "curve.parquet").height == 2
@@ -30,7 +30,7 @@ def test_train_command_writes_a_checkpoint(tmp_path):
 def test_train_flag_errors_exit_2(tmp_path):
     runner = CliRunner()
     for args, needle in ((["--rate", "0"], "--rate"), (["--gamma", "1.5"], "--gamma"),
-                         (["--workload", "poisson"], "--workload"),
+                         (["--workload", "nope"], "--workload"), (["--trace", "missing.csv"], "--trace"),
                          (["--router", "jsq"], "--router"),
                          (["--profile", "no-such-profile"], "--profile")):
         res = runner.invoke(train, [*args, "--out", str(tmp_path / "x"), "--quiet"])

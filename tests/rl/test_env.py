@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from lbbench.core import Request
-from lbbench.routers.rl.env import RewardConfig, RouterEnv
+from lbbench.training.env import RewardConfig, RouterEnv
 
 from tests_rl_helpers import PROFILE, small_workload as workload  # noqa: E402
 
@@ -93,9 +93,12 @@ def test_reward_terms():
 def test_guidance_weights_and_gap_penalty():
     assert RewardConfig("baseline_rl").guidance_weight(5) == 0.0
     assert RewardConfig("wa_rl", gamma=0.9).guidance_weight(0) == 0.9
-    wg = RewardConfig("wgrl", gamma=0.9, beta_d=0.5)
-    assert wg.guidance_weight(0) == 0.0
-    assert wg.guidance_weight(2) == pytest.approx(0.9 - math.exp(-1.0) * 0.9)
+    wg = RewardConfig("wgrl", gamma=0.9, beta_d=0.5)  # fading: (1 - λ_k) γ
+    assert wg.guidance_weight(0) == 0.9
+    assert wg.guidance_weight(2) == pytest.approx(math.exp(-1.0) * 0.9)
+    lit = RewardConfig("wgrl", gamma=0.9, beta_d=0.5, guidance_schedule="literal")
+    assert lit.guidance_weight(0) == 0.0
+    assert lit.guidance_weight(2) == pytest.approx(0.9 - math.exp(-1.0) * 0.9)
     with pytest.raises(ValueError, match="not an RL variant"):
         RewardConfig("jsq")
     # piling everything on instance 0 draws mixing penalties under wa_rl only

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from lbbench.routers.rl import trainer as tr
+from lbbench.training import trainer as tr
 from lbbench.routers.rl.policy import QPolicy, WorkloadAwareRL
 from lbbench.sim.cluster import ClusterSim
 
@@ -15,7 +15,7 @@ from tests_rl_helpers import PROFILE, small_workload  # noqa: E402  (conftest pu
 
 @pytest.fixture
 def tiny_cfg(monkeypatch):
-    monkeypatch.setattr(tr, "make_workload", lambda name, n, rate: small_workload)
+    monkeypatch.setattr(tr, "episode_source", lambda cfg, profile: small_workload)
     return tr.TrainConfig(router="wa_rl", profile="tiny", instances=3, episodes=3, requests=40,
                           explore_episodes=2, learning_starts=32, batch_size=32, target_every=50,
                           buffer_size=5000)
@@ -54,9 +54,23 @@ def test_epsilon_schedule():
     assert tr.TrainConfig(instances=8).hidden_width() == 128
 
 
-def test_unknown_workload():
-    with pytest.raises(ValueError, match="--workload"):
-        tr.make_workload("nope", 10, 1.0)
+def test_checkpoint_records_what_it_was_trained_on(tmp_path, tiny_cfg):
+    tr.train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
+    meta = QPolicy.load(tmp_path).meta
+    assert meta["trained_on"]["workload"] == "paper-mix" and meta["trained_on"]["predictor"] == "oracle"
+    assert meta["mixing"]["estimator"] == "paper" and meta["mixing"]["grad1"] == PROFILE.grad1
+    assert len(meta["obs_low"]) == len(meta["obs_high"]) == QPolicy.load(tmp_path).obs_dim
+    assert all(lo <= hi for lo, hi in zip(meta["obs_low"], meta["obs_high"]))
+
+
+def test_options_train(tmp_path, tiny_cfg):
+    """n-step returns, bootstrapping at the end, literal schedule, per-decision discount all train."""
+    import dataclasses
+    cfg = dataclasses.replace(tiny_cfg, router="wgrl", n_step=3, bootstrap_end=True,
+                              guidance_schedule="literal", discount="decision", estimator="interference",
+                              episodes=2, explore_episodes=1)
+    curve = tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
+    assert curve.height == 2 and curve["td_discount"].to_list() == [0.99, 0.99]
 
 
 def test_permute_instances_relabels_consistently():

@@ -10,8 +10,20 @@ instance ``i``, action ``m`` defers (the dispatcher then tries again at the next
 decision epoch).
 
 Without an explicit checkpoint the router uses the one shipped in
-``lbbench/checkpoints/<variant>/<profile>-<m>x/``; ``CheckpointError`` (a
-``ValueError``) names the profile and instance count when none matches.
+``lbbench/checkpoints/<variant>/<profile>-<m>x[-<workload>]/``: the one trained
+on the run's workload when there is one (``workload=`` router option, e.g.
+``trace:AzureLLMInferenceTrace_conv.csv``), else the general one;
+``CheckpointError`` (a ``ValueError``) names what exists and how to train one
+when none matches.
+
+**Out-of-distribution guard** (``ood_guard=True``, the default). A Q-network
+is only trustworthy on states like those it was trained on. A checkpoint
+records the per-feature range of its training states (``obs_low`` /
+``obs_high``); when a state leaves that box by more than ``ood_margin`` (the
+features are O(1)-scaled), the router does not consult the network and routes
+with its guidance heuristic instead: the least mixing penalty (the paper's
+``r_mix``, ``lbbench.routers.mixing``) with the profile's parameters recorded
+in the checkpoint. ``num_fallbacks`` counts those decisions.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lbbench.core import ClusterView, Decision, Request
+from lbbench.routers.mixing import MixingParams, least_impact_instance, penalties
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 
 POLICY_FILE = "policy.npz"
@@ -89,18 +102,32 @@ class QPolicy:
         return cls(weights, meta)
 
 
-def shipped_checkpoint(variant: str, profile_name: str, num_instances: int) -> Path:
-    """The shipped checkpoint directory for a variant, profile and instance
-    count; ``CheckpointError`` naming what was asked for when there is none."""
-    d = SHIPPED_DIR / variant / f"{profile_name}-{num_instances}x"
-    if (d / POLICY_FILE).is_file():
-        return d
+def workload_slug(workload: str | None) -> str:
+    """Directory suffix for a workload label: ``trace:Azure_conv.csv`` -> ``azure_conv``."""
+    if not workload:
+        return ""
+    name = workload.split(":", 1)[-1]
+    name = Path(name).stem if workload.startswith(("trace:", "dataset:")) else name
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+def shipped_checkpoint(variant: str, profile_name: str, num_instances: int,
+                       workload: str | None = None) -> Path:
+    """The shipped checkpoint directory for a variant, profile, instance count
+    and (when one was trained for it) workload; ``CheckpointError`` naming what
+    exists and how to train one when there is none."""
+    base = f"{profile_name}-{num_instances}x"
+    slug = workload_slug(workload)
+    for name in ([f"{base}-{slug}"] if slug else []) + [base]:
+        d = SHIPPED_DIR / variant / name
+        if (d / POLICY_FILE).is_file():
+            return d
     have = sorted(p.parent.name for p in (SHIPPED_DIR / variant).glob(f"*/{POLICY_FILE}"))
     raise CheckpointError(
         f"--router {variant}: no shipped checkpoint for profile {profile_name!r} with "
         f"{num_instances} instances (shipped: {', '.join(have) or 'none'}); train one with "
         f"`lbbench train --router {variant} --profile {profile_name} --instances {num_instances} "
-        "--out DIR` and pass --checkpoint DIR")
+        "[--trace FILE | --workload W] --predictor SPEC --out DIR` and pass --checkpoint DIR")
 
 
 class RLRouter:
@@ -110,12 +137,13 @@ class RLRouter:
     needs_detail = False
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
-                 checkpoint: str | Path | None = None):
+                 checkpoint: str | Path | None = None, workload: str | None = None,
+                 ood_guard: bool = True, ood_margin: float = 0.05):
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
                 raise CheckpointError(f"--router {self.variant}: needs --profile or --checkpoint")
-            checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances)
+            checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload)
         self.policy = QPolicy.load(checkpoint)
         meta = self.policy.meta
         trained = meta.get("variant")
@@ -133,6 +161,22 @@ class RLRouter:
                                   f"{self.policy.obs_dim}->{self.policy.num_actions} does not fit "
                                   f"{num_instances} instances")
         self.max_defer_s = meta.get("max_defer_s")
+        self._low = self._high = None
+        if ood_guard and "obs_low" in meta and "obs_high" in meta:
+            self._low = np.asarray(meta["obs_low"], np.float32) - ood_margin
+            self._high = np.asarray(meta["obs_high"], np.float32) + ood_margin
+            if self._low.shape != (self.spec.obs_dim,) or self._high.shape != (self.spec.obs_dim,):
+                raise CheckpointError(f"--checkpoint {checkpoint}: state range does not fit the network")
+        mix = meta.get("mixing") or {}
+        if mix:
+            self.mixing = MixingParams(mix["grad1"], mix["grad2"], mix["epsilon"], mix["alpha"])
+            self.estimator = mix.get("estimator", "paper")
+        elif profile is not None and hasattr(profile, "grad1"):
+            self.mixing, self.estimator = MixingParams.from_profile(profile), "paper"
+        else:
+            self.mixing = None
+        self.num_fallbacks = 0
+        self.num_decisions = 0
         self.num_instances = num_instances
         self.checkpoint = str(checkpoint)
         self.seed = seed
@@ -148,11 +192,25 @@ class RLRouter:
         q = np.where(mask, q, -np.inf)
         return int(np.argmax(q))
 
+    def in_distribution(self, obs: np.ndarray) -> bool:
+        """Whether a state lies inside the (widened) range of the training states."""
+        if self._low is None:
+            return True
+        return bool(np.all(obs >= self._low) and np.all(obs <= self._high))
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         if not queue:
             return None
+        self.num_decisions += 1
         mask = action_mask(queue, view, now_s, self.max_defer_s)
-        a = self.act(self.featurize(queue, view), mask)
+        obs = self.featurize(queue, view)
+        if self.mixing is not None and not self.in_distribution(obs):
+            healthy = [i for i in range(self.num_instances) if mask[i]]
+            if healthy:
+                self.num_fallbacks += 1
+                pens = penalties(self.mixing, view, queue[0], self.estimator)
+                return Decision(0, least_impact_instance(pens, healthy))
+        a = self.act(obs, mask)
         return None if a == self.num_instances else Decision(0, a)
 
 

@@ -20,7 +20,8 @@ way — ``tests/rl/test_env.py`` replays a fixed policy both ways and compares t
 records — only the agent's replay buffer is spared thousands of forced
 transitions.
 
-**Reward** (the paper's, per Δt of virtual time elapsed by the step):
+**Reward** (Jain et al., arXiv 2408.13510, Sec. 5; per Δt of virtual time
+elapsed by the step):
 
 ``r = -Σ_{j∈J} (1/T̂_j)(1 - f_j) · (elapsed/Δt) + r_w · completions - w_k · h``
 
@@ -32,17 +33,32 @@ transitions.
   it is charged at every point ``k · Δt`` of a global epoch grid that the step
   passes (skipped epochs included), so cutting time into steps differently does
   not change the total.
-* ``completions``: requests finished (not failed) during the step.
-* ``h``: the mixing guidance gap of the chosen instance
-  (``lbbench.routers.mixing.guidance_gap``; 0 for a defer or when the choice has
-  the least impact), scaled by ``guidance_scale``. ``w_k`` is 0 for
-  ``baseline_rl``, ``gamma`` for ``wa_rl`` and ``gamma - gamma_k`` with
-  ``gamma_k = exp(-beta_d · k) · gamma`` at episode ``k`` for ``wgrl``. Taken
-  literally, as here, the guidance weight of ``wgrl`` starts at 0 and rises to
-  ``gamma`` within a few episodes (0.39·gamma at k = 1, 0.92·gamma at k = 5), so
-  the agent first learns from the queue and completion terms alone and is
-  then pulled towards the least-impact instance; the TD discount stays
-  ``gamma`` throughout.
+* ``completions``: requests finished (not failed) during the step (``r_w``).
+* ``h``: the guidance gap of the chosen instance, ``max_i r_mix(i) -
+  r_mix(chosen)`` with the paper's mixing estimator
+  (``lbbench.routers.mixing``; ``estimator="interference"`` for lbbench's
+  earlier one), 0 for a defer or when the choice has the least impact,
+  times ``guidance_scale`` (1 = the paper's).
+
+**Decision epochs and discounting.** The paper's MDP has one epoch per Δt: a
+defer costs one Δt, dispatches happen at one instant. ``info["epochs"]`` is the
+virtual time from this decision to the next in units of Δt (0 for a dispatch
+followed by another decision at the same instant), and
+``RewardConfig.transition_discount`` discounts a transition by
+``γ_k^epochs`` (``discount="time"``, the default), so the horizon is a span of
+simulated time, not a number of decisions; ``discount="decision"`` keeps
+``γ_k`` per decision.
+
+**Guidance schedule** (``RewardConfig.guidance_weight`` / ``td_discount``; ``k``
+the episode). ``baseline_rl``: ``w_k = 0``, discount ``γ``. ``wa_rl``: ``w_k =
+γ``, discount ``γ``. ``wgrl`` with ``guidance_schedule="fading"`` (the default)
+follows heuristic-guided RL (Cheng et al. 2021, which the paper builds on):
+``λ_k = 1 - exp(-β_d k)`` rises from 0 to 1, the guidance weight ``w_k = (1 -
+λ_k) γ`` fades to 0 and the TD discount is ``λ_k γ`` — early episodes learn a
+short-horizon problem steered by the heuristic, late ones the original MDP.
+``guidance_schedule="literal"`` keeps the schedule as printed, ``γ_k =
+exp(-β_d k) γ`` and ``w_k = γ - γ_k``, which *grows* to ``γ`` (so ``wgrl``
+turns into ``wa_rl``), with TD discount ``γ``.
 
 ``terminated`` once the last request has been routed: the environment then
 runs the simulator until every request finishes (so ``sim.records`` is
@@ -75,28 +91,61 @@ from lbbench.sim.cluster import ClusterSim
 VARIANTS = ("baseline_rl", "wa_rl", "wgrl")
 
 
+DISCOUNTS = ("time", "decision")
+GUIDANCE_SCHEDULES = ("fading", "literal")
+
+
 @dataclass(frozen=True)
 class RewardConfig:
-    """The reward's constants (the paper's values by default)."""
+    """The reward's constants and the guidance schedule (the paper's by default)."""
 
     variant: str = "wgrl"
-    r_w: float = 60.0  #: reward per completed request
-    gamma: float = 0.99  #: discount (also the guidance weight's asymptote)
-    beta_d: float = 0.5  #: guidance annealing rate per episode (wgrl)
-    guidance_scale: float = 1.0  #: reward units per second of mixing impact
+    r_w: float = 60.0  #: the paper's r_w: reward per completed request
+    gamma: float = 0.99  #: the paper's γ, per decision epoch Δt
+    beta_d: float = 0.5  #: the paper's β_d: guidance annealing rate per episode (wgrl)
+    guidance_scale: float = 1.0  #: multiplies the guidance gap h (1 = the paper's)
+    guidance_schedule: str = "fading"  #: wgrl: fading (heuristic-guided RL) | literal
+    discount: str = "time"  #: time: γ per Δt of virtual time | decision: γ per decision
+    estimator: str = "paper"  #: mixing estimator behind h: paper | interference
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"--router: {self.variant!r} is not an RL variant "
                              f"(choose from {', '.join(VARIANTS)})")
+        if self.guidance_schedule not in GUIDANCE_SCHEDULES:
+            raise ValueError(f"--guidance-schedule: {self.guidance_schedule!r} is not one of "
+                             f"{', '.join(GUIDANCE_SCHEDULES)}")
+        if self.discount not in DISCOUNTS:
+            raise ValueError(f"--discount: {self.discount!r} is not one of {', '.join(DISCOUNTS)}")
+
+    def _fading(self) -> bool:
+        return self.variant == "wgrl" and self.guidance_schedule == "fading"
+
+    def lambda_k(self, episode: int) -> float:
+        """Heuristic-guided RL's mixing rate ``λ_k = 1 - exp(-β_d k)`` (rises to 1)."""
+        return 1.0 - math.exp(-self.beta_d * episode)
 
     def guidance_weight(self, episode: int) -> float:
-        """``w_k``: weight of the mixing guidance term at episode ``k``."""
+        """``w_k``: weight of the guidance gap ``h`` at episode ``k``."""
         if self.variant == "baseline_rl":
             return 0.0
         if self.variant == "wa_rl":
             return self.gamma
+        if self._fading():
+            return (1.0 - self.lambda_k(episode)) * self.gamma
         return self.gamma - math.exp(-self.beta_d * episode) * self.gamma
+
+    def td_discount(self, episode: int) -> float:
+        """Discount per epoch (or per decision) at episode ``k``: ``λ_k γ`` for the
+        fading schedule, ``γ`` otherwise."""
+        return self.lambda_k(episode) * self.gamma if self._fading() else self.gamma
+
+    def transition_discount(self, episode: int, epochs: float) -> float:
+        """Discount of one transition spanning ``epochs`` decision epochs."""
+        g = self.td_discount(episode)
+        if self.discount == "decision":
+            return g
+        return g ** epochs if g > 0.0 else (1.0 if epochs <= 0 else 0.0)
 
 
 class _Progress:
@@ -232,6 +281,8 @@ class RouterEnv(gym.Env):
         while not sim.queue and not sim.done:
             nxt = self._next_arrival_s()
             if math.isinf(nxt):  # drain: nothing left to route, no decision will follow
+                self._drain_start_s = sim.now_s
+                self._drain_obs, self._drain_info = self._obs_info()
                 self.drain_reward = self._advance(self._drain_until())
                 break
             if not self.skip_empty and self._asked_empty is not None:
@@ -279,6 +330,8 @@ class RouterEnv(gym.Env):
         self._num_dispatched = 0
         self._steps = 0
         self.drain_reward = 0.0
+        self._drain_start_s = 0.0
+        self._drain_obs, self._drain_info = None, {"action_mask": None}
         self._epoch_s = 0.0
         self._asked_empty = None if self.skip_empty else False
         self.guidance_weight = self.reward_cfg.guidance_weight(self.episode)
@@ -298,9 +351,10 @@ class RouterEnv(gym.Env):
         reward = 0.0
         h = 0.0
         self._epoch_s = sim.now_s
+        t0 = sim.now_s
         if action < m:
             view = sim.view()
-            pens = penalties(self.mixing, view, sim.queue[0])
+            pens = penalties(self.mixing, view, sim.queue[0], self.reward_cfg.estimator)
             h = guidance_gap(pens, action, view.healthy_indices())
             reward -= self.guidance_weight * self.reward_cfg.guidance_scale * h
             done0 = len(sim.completions_log)
@@ -312,8 +366,14 @@ class RouterEnv(gym.Env):
         reward += self._to_next_decision()
         self._steps += 1
         terminated = sim.done
+        drained = terminated and self._drain_obs is not None
+        end_s = self._drain_start_s if drained else sim.now_s
         truncated = not terminated and self._steps >= self.max_steps
         obs, info = self._obs_info()
         info.update(invalid_action=invalid, guidance_gap=h, action=action,
+                    epochs=max(0.0, (end_s - t0) / self.dt_s),
                     drain_reward=self.drain_reward if terminated else 0.0)
+        if terminated:  # the state the drain started from (to bootstrap from, see bootstrap_end)
+            info.update(bootstrap_obs=self._drain_obs if drained else obs,
+                        bootstrap_mask=self._drain_info["action_mask"] if drained else info["action_mask"])
         return obs, float(reward), terminated, truncated, info

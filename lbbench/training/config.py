@@ -1,7 +1,12 @@
 """Training configuration for the RL routers (no torch import).
 
 ``TrainConfig``'s field docstrings double as ``lbbench train --help``
-(``field_help`` reads them from the source), CleanRL style.
+(``field_help`` reads them from the source), CleanRL style. The defaults are
+the paper's formulation (Jain et al., arXiv 2408.13510): decision epochs of
+``Δt = profile.min_step_s`` with the discount ``γ`` per epoch, the fading
+guidance schedule of heuristic-guided RL, the paper's mixing estimator. Every
+deviation from it is a named field (``reward_scale``, ``n_step``,
+``bootstrap_end``, ``permute_instances``, ``guidance_scale``, ...).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run (written to ``config.json``)."""
+    """Everything that defines a training run (written to ``config.json`` and
+    into the checkpoint's metadata, so a checkpoint records what it was trained on)."""
 
     router: str = "wgrl"
     """RL variant: baseline_rl, wa_rl or wgrl."""
@@ -23,11 +29,17 @@ class TrainConfig:
     instances: int = 4
     """Number of simulated instances (the policy is specific to it)."""
     workload: str = "paper-mix"
-    """Training workload (paper-mix)."""
+    """Training workload when no --trace is given: paper-mix | paper-classes | poisson | dataset:FILE."""
+    trace: str = ""
+    """Train on a trace file (any format `lbbench run --trace` reads); episodes are windows of it."""
+    trace_options: dict = dataclasses.field(default_factory=dict)
+    """Trace reading/transform options (the trace flags of `lbbench run`)."""
+    predictor: str = "oracle"
+    """Output-length predictor used in training and validation (use the one you will evaluate with)."""
     rate: float = 20.0
-    """Arrival rate, requests per second."""
+    """Arrival rate, requests per second (a trace is rescaled to it; 0 keeps a trace's own rate)."""
     requests: int = 2000
-    """Requests per training episode."""
+    """Requests per training episode (a trace window of this many consecutive requests)."""
     episodes: int = 30
     """Training episodes."""
     seed: int = 0
@@ -37,7 +49,17 @@ class TrainConfig:
     lr: float = 5e-4
     """Adam learning rate."""
     gamma: float = 0.99
-    """Discount factor."""
+    """Discount per decision epoch Δt (the paper's γ)."""
+    discount: str = "time"
+    """time: a transition is discounted γ^(elapsed/Δt), one epoch per Δt as in the paper's MDP; decision: γ per decision (lbbench's earlier variant)."""
+    guidance_schedule: str = "fading"
+    """wgrl: fading = heuristic-guided RL (λ_k = 1 - exp(-β_d k) rises to 1, guidance weight (1 - λ_k)γ fades, TD discount λ_kγ); literal = the paper's printed weight γ - exp(-β_d k)γ with TD discount γ."""
+    estimator: str = "paper"
+    """Mixing estimator for the guidance: paper (r_mix over the KV held) or interference."""
+    n_step: int = 1
+    """n-step returns (deviation; 1 = the paper's one-step Double-DQN target)."""
+    bootstrap_end: bool = False
+    """Deviation: do not treat the end of an episode's routing as terminal; bootstrap from the last state (the trace goes on)."""
     batch_size: int = 512
     """Replay batch size."""
     buffer_size: int = 200_000
@@ -62,8 +84,8 @@ class TrainConfig:
     """Reward per completed request."""
     beta_d: float = 0.5
     """wgrl guidance annealing rate per episode."""
-    guidance_scale: float = 100.0
-    """Reward units per second of mixing impact (wa_rl, wgrl)."""
+    guidance_scale: float = 1.0
+    """Multiplies the guidance gap h (1 = the paper's; a deviation otherwise)."""
     max_defer_s: float = 30.0
     """A request may be deferred at most this long at the router."""
     instance_scheduler: str = "fcfs"
@@ -74,6 +96,11 @@ class TrainConfig:
     """Validation workloads that pick the exported network among the greedy episodes."""
     train_seed_base: int = 1_000_000
     """Offset of the training workload seeds (kept away from evaluation seeds)."""
+
+    def workload_label(self) -> str:
+        """What the checkpoint was trained on, as ``lbbench run`` labels workloads."""
+        from pathlib import Path
+        return f"trace:{Path(self.trace).name}" if self.trace else self.workload
 
     def hidden_width(self) -> int:
         return self.hidden or (64 if self.instances <= 4 else 128)

@@ -4,8 +4,13 @@
 target Q-networks and the replay buffer; for each episode replay a fresh
 workload, act ε-greedily over the *valid* actions, store transitions, and every
 ``train_every`` decisions fit the online network on a batch of ``batch_size``
-against the Double-DQN target ``r + γ · Q_target(s', argmax_a Q_online(s', a))``
-(the argmax restricted to the next state's valid actions). ε decays linearly
+against the Double-DQN target ``R + Γ · Q_target(s', argmax_a Q_online(s', a))``
+(the argmax restricted to the next state's valid actions). ``Γ`` is the
+transition's discount from ``RewardConfig.transition_discount`` — ``γ_k`` per
+decision epoch Δt of virtual time it spans (see ``env``) — and with ``n_step >
+1`` ``R``/``Γ`` are the discounted sum and product over ``n`` transitions.
+With ``bootstrap_end`` the last routing decision of an episode is not
+terminal: its target bootstraps from the state the drain starts in. ε decays linearly
 from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
 ``explore_episodes`` on (the paper stops exploring after episode 20).
 
@@ -15,7 +20,12 @@ policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network,
 among those at the end of each greedy episode, with the lowest mean E2E on
 ``val_seeds`` fixed validation workloads (seeds just below the training seeds,
 routed through ``ClusterSim.run`` like an evaluation); the last network when
-there was no greedy episode. ``last/policy.npz`` holds the final network. Training workloads use
+there was no greedy episode. ``last/policy.npz`` holds the final network.
+Validation uses the training predictor and, for a trace, windows of it at the
+validation seeds. The policy's metadata records what it was trained on
+(``trained_on``), the mixing parameters of its fallback heuristic and the
+range of the states it was trained on (``obs_low``/``obs_high``, for the
+router's out-of-distribution guard, see ``lbbench.routers.rl.policy``). Training workloads use
 seeds ``train_seed_base + 1000 * seed + episode``, disjoint from the evaluation
 seeds ``0..N`` that ``lbbench run --seeds N`` uses.
 
@@ -30,7 +40,6 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -39,17 +48,10 @@ from torch import nn
 
 from lbbench import __version__
 from lbbench.profiles import Profile, load_profile
-from lbbench.routers.rl.config import TrainConfig
-from lbbench.routers.rl.env import RewardConfig, RouterEnv
 from lbbench.routers.rl.policy import QPolicy
-
-
-def make_workload(name: str, num_requests: int, rate_per_s: float) -> Callable[[int], list]:
-    """``seed -> requests`` for a training workload name."""
-    if name in ("paper-mix", "paper_mix"):
-        from lbbench.workloads import paper_mix
-        return lambda seed: paper_mix(num_requests, rate_per_s, seed)
-    raise ValueError(f"--workload: {name!r} is not supported for training (use paper-mix)")
+from lbbench.training.config import TrainConfig
+from lbbench.training.env import RewardConfig, RouterEnv
+from lbbench.training.episodes import episode_source
 
 
 class QNetwork(nn.Module):
@@ -73,13 +75,15 @@ class ReplayBuffer:
         self.next_mask = np.zeros((capacity, num_actions), bool)
         self.action = np.zeros(capacity, np.int64)
         self.reward = np.zeros(capacity, np.float32)
+        self.discount = np.zeros(capacity, np.float32)
         self.done = np.zeros(capacity, np.float32)
         self.capacity, self.size, self.pos = capacity, 0, 0
 
-    def add(self, obs, action, reward, next_obs, next_mask, done) -> None:
+    def add(self, obs, action, reward, next_obs, next_mask, done, discount) -> None:
         i = self.pos
         self.obs[i], self.action[i], self.reward[i] = obs, action, reward
         self.next_obs[i], self.next_mask[i], self.done[i] = next_obs, next_mask, done
+        self.discount[i] = discount
         self.pos = (i + 1) % self.capacity
         self.size = min(self.size + 1, self.capacity)
 
@@ -91,7 +95,39 @@ class ReplayBuffer:
         if permute is not None:
             obs, act, next_obs, mask = permute_instances(rng, obs, act, next_obs, mask, *permute)
         return (torch.from_numpy(obs), torch.from_numpy(act), torch.from_numpy(self.reward[idx]),
-                torch.from_numpy(next_obs), torch.from_numpy(mask), torch.from_numpy(self.done[idx]))
+                torch.from_numpy(next_obs), torch.from_numpy(mask), torch.from_numpy(self.done[idx]),
+                torch.from_numpy(self.discount[idx]))
+
+    def state_range(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-feature min and max over the stored states."""
+        seen = self.obs[:self.size]
+        return seen.min(axis=0), seen.max(axis=0)
+
+
+class NStep:
+    """Turns one-step transitions into ``n``-step ones: ``R = Σ_i (Π_{j<i} Γ_j) r_i``,
+    ``Γ = Π_i Γ_i``, next state and done of the last. ``n = 1`` passes them through."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.pending: list[list] = []
+
+    def push(self, obs, action, reward, discount, next_obs, next_mask, done) -> list[tuple]:
+        """Add a transition; returns those now complete (all pending ones at an episode end)."""
+        for p in self.pending:  # p = [obs, action, R, Γ]
+            p[2] += p[3] * reward
+            p[3] *= discount
+        self.pending.append([obs, action, reward, discount])
+        out = []
+        while self.pending and (len(self.pending) >= self.n or done):
+            o, a, r, g = self.pending.pop(0)
+            out.append((o, a, r, next_obs, next_mask, done, g))
+        return out
+
+    def flush(self, next_obs, next_mask, done) -> list[tuple]:
+        out = [(o, a, r, next_obs, next_mask, done, g) for o, a, r, g in self.pending]
+        self.pending = []
+        return out
 
 
 def permute_instances(rng: np.random.Generator, obs: np.ndarray, action: np.ndarray,
@@ -160,8 +196,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     rng = np.random.default_rng(cfg.seed)
     prof = profile or load_profile(cfg.profile)
     reward_cfg = RewardConfig(cfg.router, r_w=cfg.r_w, gamma=cfg.gamma, beta_d=cfg.beta_d,
-                              guidance_scale=cfg.guidance_scale)
-    env = RouterEnv(prof, cfg.instances, make_workload(cfg.workload, cfg.requests, cfg.rate),
+                              guidance_scale=cfg.guidance_scale, guidance_schedule=cfg.guidance_schedule,
+                              discount=cfg.discount, estimator=cfg.estimator)
+    episodes = episode_source(cfg, prof)
+    env = RouterEnv(prof, cfg.instances, episodes,
                     reward_cfg, instance_scheduler=cfg.instance_scheduler,
                     chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s)
     obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
@@ -175,10 +213,17 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                 spec.per_instance_dim) if cfg.permute_instances else None)
     meta = {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
             "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
-            "train_config": dataclasses.asdict(cfg), "lbbench_version": __version__}
+            "trained_on": {"profile": prof.name, "num_instances": cfg.instances,
+                           "workload": cfg.workload_label(), "rate_per_s": cfg.rate,
+                           "requests": cfg.requests, "predictor": cfg.predictor,
+                           "instance_scheduler": cfg.instance_scheduler,
+                           "chunked_prefill": (prof.chunked_prefill if cfg.chunked_prefill is None
+                                               else cfg.chunked_prefill)},
+            "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
+                       "alpha": prof.alpha, "estimator": cfg.estimator},
+            "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
 
-    validation = [make_workload(cfg.workload, cfg.requests, cfg.rate)(cfg.train_seed_base - 1 - k)
-                  for k in range(cfg.val_seeds)]
+    validation = [episodes(cfg.train_seed_base - 1 - k) for k in range(cfg.val_seeds)]
     rows: list[dict] = []
     best: tuple[float, QPolicy] | None = None
     step = 0
@@ -189,6 +234,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
         wl_seed = cfg.train_seed_base + 1000 * cfg.seed + episode
         obs, info = env.reset(seed=wl_seed, options={"episode": episode})
         ep_reward, losses, qs, n_dec, n_defer = 0.0, [], [], 0, 0
+        nstep = NStep(cfg.n_step)
         done = False
         while not done:
             mask = info["action_mask"]
@@ -199,7 +245,18 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                     qv = q(torch.from_numpy(obs)).numpy()
                 action = int(np.argmax(np.where(mask, qv, -np.inf)))
             next_obs, reward, terminated, truncated, info = env.step(action)
-            buf.add(obs, action, reward * cfg.reward_scale, next_obs, info["action_mask"], terminated)
+            disc = reward_cfg.transition_discount(episode, info["epochs"])
+            if terminated and cfg.bootstrap_end:  # the stream goes on: bootstrap, do not terminate
+                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, info["bootstrap_obs"],
+                                   info["bootstrap_mask"], False) + nstep.flush(
+                    info["bootstrap_obs"], info["bootstrap_mask"], False)
+            else:
+                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, next_obs,
+                                   info["action_mask"], terminated)
+                if truncated:
+                    ready += nstep.flush(next_obs, info["action_mask"], False)
+            for t in ready:
+                buf.add(*t)
             obs, done = next_obs, terminated or truncated
             ep_reward += reward
             n_dec += 1
@@ -207,12 +264,12 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             step += 1
 
             if step >= cfg.learning_starts and step % cfg.train_every == 0:
-                b_obs, b_act, b_rew, b_next, b_mask, b_done = buf.sample(rng, cfg.batch_size, permute)
+                b_obs, b_act, b_rew, b_next, b_mask, b_done, b_disc = buf.sample(rng, cfg.batch_size, permute)
                 with torch.no_grad():
                     online_next = q(b_next).masked_fill(~b_mask, -torch.inf)
                     best_next = online_next.argmax(dim=1, keepdim=True)
                     target_next = q_target(b_next).gather(1, best_next).squeeze(1)
-                    target = b_rew + cfg.gamma * target_next * (1.0 - b_done)
+                    target = b_rew + b_disc * target_next * (1.0 - b_done)
                 q_taken = q(b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
                 loss = nn.functional.smooth_l1_loss(q_taken, target)
                 opt.zero_grad()
@@ -231,7 +288,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                "mean_router_wait_s": float(np.mean(wait)),
                "loss": float(np.mean(losses)) if losses else float("nan"),
                "q_mean": float(np.mean(qs)) if qs else float("nan"), "epsilon": eps,
-               "guidance_weight": env.guidance_weight, "decisions": n_dec, "defers": n_defer,
+               "guidance_weight": env.guidance_weight, "td_discount": reward_cfg.td_discount(episode),
+               "decisions": n_dec, "defers": n_defer,
                "preemptions": int(sum(r.num_preemptions or 0 for r in recs)),
                "wall_s": time.perf_counter() - t_start}
         rows.append(row)
@@ -247,12 +305,21 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     curve = pl.DataFrame(rows)
     if out_dir is not None:
         out = Path(out_dir)
-        last = export_policy(q, dict(meta, episode=cfg.episodes - 1))
-        (best[1] if best else last).save(out)
+        low, high = buf.state_range()
+        ranges = {"obs_low": low.tolist(), "obs_high": high.tolist()}
+        last = export_policy(q, dict(meta, episode=cfg.episodes - 1, **ranges))
+        chosen = best[1] if best else last
+        chosen.meta.update(ranges)
+        chosen.save(out)
         last.save(out / "last")
         curve.write_parquet(out / "curve.parquet")
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        (out / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(cfg)), indent=2) + "\n")
     return curve
+
+
+def _jsonable(d: dict) -> dict:
+    """The config as plain JSON values (a trace column mapping becomes its text)."""
+    return json.loads(json.dumps(d, default=str))
 
 
 class _progress_bar:

@@ -1,0 +1,60 @@
+"""Training episodes from any workload or trace, with the evaluation predictor.
+
+``episode_source(cfg, profile)`` returns ``seed -> requests`` for the RL
+environment. For a named workload (``paper-mix``, ``paper-classes``,
+``poisson``, ``dataset:FILE``) an episode is the workload ``lbbench run``
+builds for that seed. For a trace (``cfg.trace``) the whole trace is read once
+with the trace flags of ``lbbench run`` and rescaled to ``cfg.rate`` (a rate
+of 0 keeps the trace's own), and an episode is a window of ``cfg.requests``
+consecutive requests starting at an offset drawn from the seed, its arrivals
+shifted to start at 0 and its requests renumbered. Either way the requests are
+annotated with ``cfg.predictor`` — the predictor that will be used at
+evaluation — so the network learns on the prediction errors it will see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from lbbench.core import Request
+
+
+def trace_window(requests: list[Request], num_requests: int, seed: int) -> list[Request]:
+    """``num_requests`` consecutive requests of a trace from a seeded offset,
+    arrivals shifted to start at 0, ids renumbered from 0."""
+    n = len(requests)
+    if num_requests >= n:
+        start, stop = 0, n
+    else:
+        start = int(np.random.default_rng(seed).integers(0, n - num_requests + 1))
+        stop = start + num_requests
+    window = requests[start:stop]
+    t0 = window[0].arrival_s
+    return [replace(r, request_id=i, arrival_s=r.arrival_s - t0) for i, r in enumerate(window)]
+
+
+def episode_source(cfg, profile) -> Callable[[int], list[Request]]:
+    """``seed -> annotated requests`` for a ``TrainConfig``."""
+    from lbbench.experiment import RunConfig, build_requests
+    from lbbench.predict import annotate, load_predictor
+
+    predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.train_seed_base + cfg.seed)
+    if cfg.trace:
+        from lbbench.workloads.traces import load_trace_requests
+
+        opts = dict(cfg.trace_options)
+        whole = load_trace_requests(cfg.trace, rate=cfg.rate or None, **opts)
+
+        def from_trace(seed: int) -> list[Request]:
+            return annotate(trace_window(whole, cfg.requests, seed), predictor)
+        return from_trace
+
+    run_cfg = RunConfig(profile=profile.name, instances=cfg.instances, workload=cfg.workload,
+                        rate_per_s=cfg.rate, requests=cfg.requests)
+
+    def from_workload(seed: int) -> list[Request]:
+        return annotate(build_requests(run_cfg, profile, seed, None), predictor)
+    return from_workload
