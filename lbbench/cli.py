@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import time
 import uuid
@@ -20,8 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .experiment import (ConfigError, RunConfig, default_out_dir, group_keys, iter_sim_runs, to_json,
-                         variants, write_outputs, write_run_toml)
+from .experiment import (ConfigError, RunConfig, default_out_dir, group_keys, iter_sim_runs, iter_sweep,
+                         slo_of, to_json, variants, write_outputs, write_run_toml)
 
 err_console = Console(stderr=True)
 
@@ -34,7 +35,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ConfigError, ProfileError, UnknownRouterError, RouterError]
     for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
                       ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
-                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.harness.launcher", "LaunchError")):
+                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.harness.launcher", "LaunchError"),
+                      ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
+                      ("lbbench.profiling.models", "ModelConfigError"),
+                      ("lbbench.profiling.measure", "MeasureError")):
         try:
             errs.append(getattr(importlib.import_module(mod), name))
         except (ImportError, AttributeError):
@@ -116,16 +120,21 @@ def routers_cmd(fmt: str) -> None:
 def profiles_cmd(fmt: str) -> None:
     """List the shipped profiles (model x hardware x engine setting)."""
     from .profiles import available_profiles, load_profile
+    from .profiling.physics import implied_utilization
     rows = []
     for name in available_profiles():
         p = load_profile(name)
-        rows.append({"name": name, "description": p.description, "model": p.model, "hardware": p.hardware})
+        rows.append({"name": name, "description": p.description, "model": p.model, "hardware": p.hardware,
+                     "scheduler": p.scheduler, "chunked_prefill": p.chunked_prefill,
+                     "kv_capacity_tokens": p.kv_capacity_tokens, **implied_utilization(p)})
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     else:
         width = max((len(r["name"]) for r in rows), default=4)
         for r in rows:
-            click.echo(f"{r['name']:<{width}}  {r['description']}")
+            phys = ("" if r["prefill_mfu"] is None else
+                    f"  [prefill MFU {r['prefill_mfu']:.2f}, decode bandwidth {r['decode_bw_util']:.2f}]")
+            click.echo(f"{r['name']:<{width}}  {r['description']}{phys}")
 
 
 def _read_endpoints_file(path: str) -> list[str]:
@@ -162,8 +171,13 @@ def _trace_options_decorator(f: Any) -> Any:
               help="paper-mix | paper-classes | poisson | dataset:FILE.jsonl (ignored with --trace).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Replay a trace file (Parquet/CSV/JSONL: canonical, Azure, BurstGPT, Mooncake).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Mean arrival rate in requests/s (default 20; with --trace: rescale to this rate).")
+@click.option("--rate", default=None, metavar="RATE[,RATE...]",
+              help="Mean arrival rate in requests/s (default 20; with --trace: rescale to this rate). "
+                   "Several, comma-separated, run a load sweep: one run per rate, in parallel processes.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes for a load sweep (default: one per rate, at most the CPU count).")
+@click.option("--slo", default=None, metavar="ttft=S,tbt=S,e2e=S",
+              help="Latency limits (seconds) for goodput: requests/s that met every limit, and their share.")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
               help="Requests per run (default 2000; 3000 for paper-classes; all of a trace).")
 @click.option("--router", "routers", default="round_robin", show_default=True,
@@ -243,13 +257,19 @@ def run_cmd(**kw: Any) -> None:
     requests = kw["requests"]
     if requests is None and not kw["trace"]:
         requests = 3000 if workload == "paper-classes" else 2000
-    rate = kw["rate"] if (kw["rate"] is not None or kw["trace"]) else 20.0
+    rates = _rates(kw["rate"])
+    rate = rates[0] if len(rates) == 1 else None
+    if not rates and not kw["trace"]:
+        rate = 20.0
     endpoints = list(kw["endpoints"])
     if kw["endpoints_file"]:
         endpoints += _read_endpoints_file(kw["endpoints_file"])
     live = bool(endpoints or kw["launch_model"])
     if endpoints and kw["launch_model"]:
         raise ConfigError("--launch and --endpoint are exclusive: launch new servers or attach to running ones")
+    if live and len(rates) > 1:
+        raise ConfigError("--rate: a load sweep (several rates) runs in the simulator only")
+    slo = _slo(kw["slo"])
     router_options: dict[str, Any] = {}
     if kw["checkpoint"]:
         router_options = _checkpoints(kw["checkpoint"], routers)
@@ -261,6 +281,10 @@ def run_cmd(**kw: Any) -> None:
         if name not in routers:
             raise ConfigError(f"--router-opt {opt!r}: router {name!r} is not in --router")
         router_options.setdefault(name, {})[key] = _parse_value(value)
+    for name in routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
+        if name in ("baseline_rl", "wa_rl", "wgrl") and "checkpoint" not in router_options.get(name, {}):
+            label = f"trace:{Path(kw['trace']).name}" if kw["trace"] else workload
+            router_options.setdefault(name, {}).setdefault("workload", label)
     cfg = RunConfig(
         profile=kw["profile"], instances=len(endpoints) if endpoints else kw["instances"],
         workload=workload, trace=kw["trace"], trace_options=trace_opts, rate_per_s=rate,
@@ -269,6 +293,8 @@ def run_cmd(**kw: Any) -> None:
         seeds=kw["seeds"], seed=kw["seed"], burstiness=kw["burstiness"], predictor=kw["predictor"],
         prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
         timeline_interval_s=kw["timeline_interval"] or None, backend="live" if live else "sim",
+        rates=rates if len(rates) > 1 else [], slo=slo,
+        jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
     )
     # validate the predictor and routers before any long work starts
     from .predict import load_predictor
@@ -294,31 +320,62 @@ def run_cmd(**kw: Any) -> None:
         sys.exit(130)
 
 
+def _rates(value: str | None) -> list[float]:
+    out = []
+    for part in _split_csv(value):
+        try:
+            rate = float(part)
+        except ValueError:
+            raise ConfigError(f"--rate: {part!r} is not a number of requests/s") from None
+        if not rate > 0:
+            raise ConfigError(f"--rate: {part!r} must be > 0 requests/s")
+        out.append(rate)
+    if value is not None and not out:
+        raise ConfigError("--rate: give a rate in requests/s, or several comma-separated")
+    return out
+
+
+def _slo(value: str | None) -> dict[str, float]:
+    if value is None:
+        return {}
+    from .cli_report import parse_slo
+    try:
+        slo = parse_slo(value)
+    except click.BadParameter as exc:
+        raise ConfigError(f"--slo: {exc.message}") from None
+    return {k: v for k, v in vars(slo).items() if v is not None}
+
+
 def _run_sim(cfg: RunConfig, profile: Any, out_dir: Path, run_id: str) -> tuple[Any, bool]:
+    """Every simulated run (a load sweep's rates in ``cfg.jobs`` processes), one run directory."""
     frames, timelines = [], []
-    n_runs = len(variants(cfg)) * cfg.seeds * len(cfg.routers)
     complete = True
     t0 = time.perf_counter()
     write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=False)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err_console, transient=True)
     with progress:
-        overall = progress.add_task("runs", total=n_runs)
-        current = progress.add_task("", total=1)
+        if cfg.rates:
+            overall = progress.add_task(f"rates ({cfg.jobs} processes)", total=len(cfg.rates))
+            batches: Any = iter_sweep(cfg, run_id)
+        else:
+            overall = progress.add_task("runs", total=len(variants(cfg)) * cfg.seeds * len(cfg.routers))
+            current = progress.add_task("", total=1)
 
-        def cb(label: str, done: int, total: int) -> None:
-            if done % 200 == 0 or done == total:
-                progress.update(current, description=f"  {label}", completed=done, total=total)
+            def cb(label: str, done: int, total: int) -> None:
+                if done % 200 == 0 or done == total:
+                    progress.update(current, description=f"  {label}", completed=done, total=total)
 
+            batches = (([df], [] if tl is None else [tl])
+                       for df, tl in iter_sim_runs(cfg, profile, run_id, progress=cb))
         try:
-            for df, tl in iter_sim_runs(cfg, profile, run_id, progress=cb):
-                frames.append(df)
-                if tl is not None:
-                    timelines.append(tl)
+            for fs, tls in batches:
+                frames += fs
+                timelines += tls
                 progress.advance(overall)
         except KeyboardInterrupt:
             complete = False
-    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg))
+    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg), slo_of(cfg))
     write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=complete,
                    extra={"wall_s": round(time.perf_counter() - t0, 3), "runs_completed": len(frames)})
     return summary, complete
@@ -326,10 +383,11 @@ def _run_sim(cfg: RunConfig, profile: Any, out_dir: Path, run_id: str) -> tuple[
 
 _COLUMNS = [
     ("mean_e2e_s", "mean E2E (s)"), ("improvement_vs_round_robin_pct", "vs RR (%)"),
-    ("p50_e2e_s", "p50 E2E"), ("p99_e2e_s", "p99 E2E"), ("mean_ttft_s", "TTFT"),
-    ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"), ("mean_router_wait_s", "router wait"),
-    ("preemptions", "preempt."), ("throughput_tokens_per_s", "tok/s"), ("completed", "done"),
-    ("failed", "failed"),
+    ("vs_best_baseline_pct", "vs best (%)"), ("p50_e2e_s", "p50 E2E"), ("p99_e2e_s", "p99 E2E"),
+    ("mean_ttft_s", "TTFT"), ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"),
+    ("mean_router_wait_s", "router wait"), ("router_wait_max_s", "max wait"), ("preemptions", "preempt."),
+    ("throughput_tokens_per_s", "tok/s"), ("goodput_per_s", "goodput/s"), ("slo_attainment", "met SLO"),
+    ("completed", "done"), ("failed", "failed"),
 ]
 _LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", "lag p99 (ms)"),
                  ("achieved_rate_per_s", "achieved/s"), ("requested_rate_per_s", "requested/s")]
@@ -340,8 +398,10 @@ def _fmt(col: str, v: Any) -> str:
         return "-"
     if col.startswith("dispatch_lag"):
         return f"{v * 1000:.2f}"
-    if col == "improvement_vs_round_robin_pct":
+    if col in ("improvement_vs_round_robin_pct", "vs_best_baseline_pct"):
         return f"{v:+.2f}"
+    if col == "slo_attainment":
+        return f"{100 * v:.1f} %"
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
     return str(v)
@@ -355,8 +415,9 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     keys = [k for k in group_keys(cfg) if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
     where = f"live x{cfg.instances}" if cfg.backend == "live" else f"{cfg.profile} x{cfg.instances}"
+    rate = ",".join(f"{r:g}" for r in cfg.rates) if cfg.rates else (cfg.rate_per_s or "trace")
     title = (f"{where}, {cfg.trace or cfg.workload}, "
-             f"{cfg.rate_per_s or 'trace'} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
+             f"{rate} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
     table = Table(title=title + ("" if complete else "  [INCOMPLETE]"))
     for k in keys:
         table.add_column(k)
@@ -370,6 +431,11 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
         table.add_row(*[str(row[k]) for k in keys], row["router"], *cells)
     console.print(table)
+    refs = summary["best_baseline"].drop_nulls().unique(maintain_order=True).to_list() \
+        if "best_baseline" in summary.columns else []
+    if refs:
+        console.print(f"vs best = against the strongest baseline combination ({', '.join(refs)}), paired by seed; "
+                      + (f"SLO {slo_of(cfg).describe()}" if cfg.slo else "no --slo: goodput = completed requests/s"))
     if keys:
         _print_pivot(console, summary, keys)
     console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
@@ -397,7 +463,7 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli_trace", ("trace",)), ("lbbench.cli_predict", ("predictor",)),
                        ("lbbench.cli_report", ("report", "compare")), ("lbbench.cli_live", ("launch", "serve_sim")),
-                       ("lbbench.cli_train", ("train",))):
+                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity"))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

@@ -13,7 +13,7 @@ import datetime as _dt
 import json
 import platform
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -55,6 +55,12 @@ class RunConfig:
     output_tokens: str = "128"
     timeline_interval_s: float | None = 1.0
     backend: str = "sim"
+    rates: list[float] = field(default_factory=list)
+    """A load sweep: one run per rate (``rate_per_s`` is then None), ``rate_per_s`` a group key."""
+    slo: dict[str, float] = field(default_factory=dict)
+    """Latency limits for goodput: any of ``ttft_s``, ``tbt_s``, ``e2e_s`` (seconds)."""
+    jobs: int = 1
+    """Processes a load sweep runs its rates in (results do not depend on it)."""
 
     def seed_list(self) -> list[int]:
         return list(range(self.seed, self.seed + self.seeds))
@@ -178,8 +184,49 @@ def iter_sim_runs(cfg: RunConfig, profile: Profile, run_id: str,
                     }).with_columns(pl.lit(name).alias("router"), pl.lit(seed).alias("seed"),
                                     pl.lit(v.order).alias("order"),
                                     pl.lit(v.instance_scheduler).alias("instance_scheduler"),
-                                    pl.lit(extra["chunked_prefill"]).alias("chunked_prefill"))
+                                    pl.lit(extra["chunked_prefill"]).alias("chunked_prefill"),
+                                    pl.lit(cfg.rate_per_s, pl.Float64).alias("rate_per_s"))
                 yield records_frame(records, extra), tl
+
+
+def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
+    """One config per rate of a load sweep (the config itself when it is not one)."""
+    if not cfg.rates:
+        return [cfg]
+    return [replace(cfg, rate_per_s=rate, rates=[]) for rate in cfg.rates]
+
+
+def _sim_frames(args: tuple[RunConfig, str]) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """Every run of one config (a sweep's worker; top level so that it pickles)."""
+    from .profiles import load_profile
+
+    cfg, run_id = args
+    frames, timelines = [], []
+    for df, tl in iter_sim_runs(cfg, load_profile(cfg.profile), run_id):
+        frames.append(df)
+        if tl is not None:
+            timelines.append(tl)
+    return frames, timelines
+
+
+def iter_sweep(cfg: RunConfig, run_id: str) -> Iterator[tuple[list[pl.DataFrame], list[pl.DataFrame]]]:
+    """Yield (requests frames, timeline frames) per rate of a load sweep, in rate order.
+
+    With ``cfg.jobs > 1`` the rates run in that many processes (spawned, not forked:
+    a forked child can deadlock on locks held by polars' threads); every run is
+    deterministic for its seed, so the records are the same as one rate at a time.
+    """
+    work = [(c, run_id) for c in sweep_configs(cfg)]
+    jobs = min(cfg.jobs, len(work))
+    if jobs <= 1:
+        for w in work:
+            yield _sim_frames(w)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield from ex.map(_sim_frames, work)
 
 
 # ---------------------------------------------------------------------------- output
@@ -234,8 +281,18 @@ def write_run_toml(path: Path, cfg: RunConfig, profile: Profile, run_id: str, co
     path.write_text(tomli_w.dumps(doc))
 
 
+def slo_of(cfg: RunConfig) -> Any:
+    """The run's ``Slo`` (None without ``--slo``)."""
+    from .reports.summary import Slo
+
+    return Slo(**cfg.slo) if cfg.slo else None
+
+
 def write_outputs(out_dir: Path, frames: list[pl.DataFrame], timelines: list[pl.DataFrame],
-                  by: Sequence[str]) -> pl.DataFrame:
+                  by: Sequence[str], slo: Any = None) -> pl.DataFrame:
+    """Write requests/timeline/summary parquet; the summary carries the reference columns
+    (gain against the strongest baseline, ``lbbench.reports.reference``)."""
+    from .reports.reference import with_reference
     from .reports.summary import summarize
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -243,13 +300,15 @@ def write_outputs(out_dir: Path, frames: list[pl.DataFrame], timelines: list[pl.
     df.write_parquet(out_dir / "requests.parquet")
     if timelines:
         pl.concat(timelines, how="diagonal_relaxed").write_parquet(out_dir / "timeline.parquet")
-    summary = summarize(df, by=by) if df.height else pl.DataFrame()
+    summary = with_reference(summarize(df, by=by, slo=slo), df, by, slo) if df.height else pl.DataFrame()
     summary.write_parquet(out_dir / "summary.parquet")
     return summary
 
 
 def group_keys(cfg: RunConfig) -> list[str]:
     keys = ["router"]
+    if len(cfg.rates) > 1:
+        keys.append("rate_per_s")
     if cfg.orders != [None]:
         keys.append("order")
     if len(cfg.instance_schedulers) > 1:

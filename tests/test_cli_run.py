@@ -120,3 +120,66 @@ def test_profiles_ship_inside_the_package():
     import lbbench
     shipped = {p.stem for p in (Path(lbbench.__file__).parent / "_profiles").glob("*.toml")}
     assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= shipped
+
+
+SWEEP = ["--router", "round_robin,least_requests", "--instance-scheduler", "fcfs,priority", "--requests", "120",
+         "--predictor", "noisy:0.79", "--timeline-interval", "0"]
+
+
+def test_load_sweep_in_parallel_processes_equals_one_rate_at_a_time(tmp_path):
+    res = invoke("run", *SWEEP, "--rate", "4,30", "--jobs", "2", "--out", str(tmp_path / "sweep"),
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert sorted({r["rate_per_s"] for r in rows}) == [4.0, 30.0] and len(rows) == 2 * 2 * 2
+    sweep = pl.read_parquet(tmp_path / "sweep" / "requests.parquet").drop("run_id")
+    for rate in ("4", "30"):
+        assert invoke("run", *SWEEP, "--rate", rate, "--out", str(tmp_path / rate)).exit_code == 0
+        alone = pl.read_parquet(tmp_path / rate / "requests.parquet").drop("run_id")
+        part = sweep.filter(pl.col("rate_per_s") == float(rate)).select(alone.columns)
+        assert part.height == 4 * 120 and part.equals(alone)
+    # overload queues more than light load
+    by_rate = {r["rate_per_s"]: r for r in rows if r["router"] == "round_robin" and r["instance_scheduler"] == "fcfs"}
+    assert by_rate[30.0]["mean_e2e_s"] > by_rate[4.0]["mean_e2e_s"]
+
+
+def test_slo_goodput_and_the_strongest_baseline_in_run_json(tmp_path):
+    res = invoke("run", *SWEEP, "--rate", "30", "--slo", "ttft=1,e2e=20", "--out", str(tmp_path / "s"),
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    df = pl.read_parquet(tmp_path / "s" / "requests.parquet")
+    for r in rows:
+        assert {"goodput_per_s", "slo_attainment", "router_wait_max_s", "makespan_s", "best_baseline",
+                "vs_best_baseline_pct"} <= set(r)
+        part = df.filter((pl.col("router") == r["router"]) & (pl.col("instance_scheduler") == r["instance_scheduler"]))
+        ttft = part["first_token_s"] - part["arrival_s"]
+        e2e = part["finish_s"] - part["arrival_s"]
+        met = int(((ttft <= 1) & (e2e <= 20) & part["error"].is_null()).sum())
+        makespan = part["finish_s"].max() - part["arrival_s"].min()
+        assert r["slo_attainment"] == pytest.approx(met / 120)
+        assert r["goodput_per_s"] == pytest.approx(met / makespan)
+        assert r["makespan_s"] == pytest.approx(makespan)
+        assert r["router_wait_max_s"] == pytest.approx((part["dispatch_s"] - part["arrival_s"]).max())
+    best = min(rows, key=lambda r: r["mean_e2e_s"])
+    assert {r["best_baseline"] for r in rows} == {f"{best['router']}/{best['instance_scheduler']}"}
+    assert best["vs_best_baseline_pct"] == 0
+
+
+def test_wait_bound_through_the_cli(tmp_path):
+    res = invoke("run", "--router", "late_binding_srpt", "--router-opt", "late_binding_srpt.max_wait_s=5",
+                 "--rate", "40", "--requests", "300", "--predictor", "noisy:0.79", "--out", str(tmp_path / "w"),
+                 "--format", "json")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    assert 0 < row["router_wait_max_s"] <= 5 + 0.02 + 1e-9  # + one decision interval (min_step_s)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--rate", "5,x"], "--rate"), (["--rate", "0"], "--rate"), (["--slo", "ttft=fast"], "--slo"),
+    (["--slo", "latency=3"], "--slo"), (["--rate", "2,5", "--endpoint", "http://127.0.0.1:9"], "--rate"),
+])
+def test_bad_sweep_and_slo_flags_exit_2(args, needle, tmp_path):
+    res = CliRunner().invoke(main, ["run", "--requests", "10", "--out", str(tmp_path / "x"), *args])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output.strip().splitlines()[-1]
