@@ -1,0 +1,119 @@
+"""The out-of-distribution guard, checkpoint selection by workload, and
+training on a trace end to end through the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from lbbench.cli import main
+from lbbench.core import ClusterState, Dispatched, FirstToken, InstanceSpec, Request, StepsAdvanced
+from lbbench.routers.mixing import MixingParams, least_impact_instance, penalties
+from lbbench.routers.rl import policy as pol_mod
+from lbbench.routers.rl.features import FeatureSpec
+from lbbench.routers.rl.policy import CheckpointError, QPolicy, WorkloadGuidedRL, workload_slug
+
+SPEC = FeatureSpec(num_instances=3, max_num_seqs=8, min_step_s=0.02, max_model_len=2048,
+                   kv_capacity_tokens=4096)
+MIX = {"grad1": 3.2e-4, "grad2": 3.3e-5, "epsilon": 0.05, "alpha": 0.5, "estimator": "paper"}
+
+
+def _policy(low: float, high: float, defer_bias: float = 0.0) -> QPolicy:
+    """A network whose greedy choice is always instance 2 (or defer), with a
+    recorded training-state range [low, high] in every feature."""
+    d = SPEC.obs_dim
+    w0 = np.zeros((d, 4), np.float32)
+    b2 = np.array([0.0, 0.0, 1.0, defer_bias], np.float32)
+    weights = [(w0, np.zeros(4, np.float32)), (np.eye(4, dtype=np.float32), np.zeros(4, np.float32)),
+               (np.eye(4, dtype=np.float32), b2)]
+    meta = {"variant": "wgrl", "profile": "test", "num_instances": 3, "feature_spec": SPEC.as_dict(),
+            "max_defer_s": 5.0, "mixing": MIX, "obs_low": [low] * d, "obs_high": [high] * d}
+    return QPolicy(weights, meta)
+
+
+def _busy_state() -> ClusterState:
+    st = ClusterState([InstanceSpec(max_num_seqs=8, kv_capacity_tokens=4096)] * 3)
+    st.apply(Dispatched(Request(1, 0.0, 900, 100), 2, 0.0))  # instance 2 holds the most KV
+    st.apply(Dispatched(Request(2, 0.0, 100, 100), 1, 0.0))
+    st.apply(FirstToken(2, 1, 0.1))
+    st.apply(StepsAdvanced(1, 0.2, 9))
+    return st
+
+
+def test_in_distribution_states_use_the_network(tmp_path):
+    _policy(-10.0, 10.0).save(tmp_path)
+    r = WorkloadGuidedRL(3, checkpoint=tmp_path)
+    d = r.route([Request(5, 0.0, 200, 50)], _busy_state().view(), 0.0)
+    assert d.instance == 2 and r.num_fallbacks == 0 and r.num_decisions == 1
+
+
+def test_out_of_distribution_states_fall_back_to_the_guidance_heuristic(tmp_path):
+    _policy(0.0, 0.0).save(tmp_path)  # trained only on the all-zero state
+    r = WorkloadGuidedRL(3, checkpoint=tmp_path)
+    view = _busy_state().view()
+    head = Request(5, 0.0, 200, 50)
+    d = r.route([head], view, 0.0)
+    expected = least_impact_instance(penalties(MixingParams(3.2e-4, 3.3e-5, 0.05, 0.5), view, head))
+    assert expected == 0  # the empty instance, not the network's instance 2
+    assert d.instance == expected and r.num_fallbacks == 1
+    # the guard can be switched off
+    off = WorkloadGuidedRL(3, checkpoint=tmp_path, ood_guard=False)
+    assert off.route([head], view, 0.0).instance == 2 and off.num_fallbacks == 0
+
+
+def test_shipped_checkpoint_prefers_the_workload_it_was_trained_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(pol_mod, "SHIPPED_DIR", tmp_path)
+    _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x")
+    assert pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "trace:Azure_conv.csv") == tmp_path / "wgrl" / "tiny-3x"
+    _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x-azure_conv")
+    assert (pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "trace:Azure_conv.csv")
+            == tmp_path / "wgrl" / "tiny-3x-azure_conv")
+    assert pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "paper-mix") == tmp_path / "wgrl" / "tiny-3x"
+    with pytest.raises(CheckpointError, match=r"shipped: tiny-3x, tiny-3x-azure_conv\); train one with "
+                                              r"`lbbench train --router wgrl --profile tiny --instances 4"):
+        pol_mod.shipped_checkpoint("wgrl", "tiny", 4)
+    assert workload_slug("trace:Some-Trace.parquet") == "some_trace"
+    assert workload_slug("paper-mix") == "paper_mix"
+
+
+def _azure_csv(path, n=80):
+    rng = np.random.default_rng(0)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    t = 0.0
+    for _ in range(n):
+        t += float(rng.exponential(0.5))
+        lines.append(f"2023-11-16 18:{15 + int(t) // 60:02d}:{int(t) % 60:02d}.{int((t % 1) * 1e6):06d}0,"
+                     f"{int(rng.integers(10, 400))},{int(rng.integers(5, 200))}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_train_on_a_trace_then_run_with_the_checkpoint(tmp_path):
+    trace = tmp_path / "mini_azure.csv"
+    _azure_csv(trace)
+    out = tmp_path / "ckpt"
+    runner = CliRunner()
+    res = runner.invoke(main, [
+        "train", "--router", "wgrl", "--profile", "llama3.1-8b-a100", "--instances", "2",
+        "--trace", str(trace), "--max-prompt-tokens", "300", "--rate", "4", "--requests", "30",
+        "--predictor", "noisy:0.79", "--episodes", "2", "--explore-episodes", "1",
+        "--learning-starts", "16", "--batch-size", "16", "--buffer-size", "1000", "--val-seeds", "1",
+        "--out", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert "on trace:mini_azure.csv" in res.output
+    meta = QPolicy.load(out).meta
+    assert meta["trained_on"]["workload"] == "trace:mini_azure.csv"
+    assert meta["trained_on"]["predictor"] == "noisy:0.79" and meta["trained_on"]["rate_per_s"] == 4.0
+    assert meta["train_config"]["trace_options"]["max_prompt_tokens"] == 300
+    res = runner.invoke(main, ["run", "--profile", "llama3.1-8b-a100", "--instances", "2",
+                               "--trace", str(trace), "--rate", "4", "--router", "round_robin,wgrl",
+                               "--checkpoint", str(out), "--format", "json", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+
+
+def test_run_without_a_matching_checkpoint_says_how_to_train_one(tmp_path):
+    res = CliRunner().invoke(main, ["run", "--profile", "llama2-7b-v100", "--instances", "7",
+                                    "--router", "wgrl", "--requests", "10", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 2
+    assert "no shipped checkpoint for profile 'llama2-7b-v100' with 7 instances" in res.output
+    assert "lbbench train --router wgrl" in res.output
