@@ -7,7 +7,9 @@ renders headless to PNG with no browser or server, and is already an optional ex
 - ``latency_over_time``: mean latency per arrival-time bin, per router;
 - ``instance_timeline``: per-instance running requests and KV usage over time, one column
   per router (first seed), from a ``timeline.parquet``;
-- ``improvement_bars``: improvement over the baseline per router with its 95% interval.
+- ``improvement_bars``: improvement over the baseline per router with its 95% interval;
+- ``load_curves``: mean and p99 E2E and goodput against the arrival rate (a load sweep),
+  one line per router (and instance scheduler, ...).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .summary import completed_expr, derive
+from .summary import Slo, completed_expr, derive, summarize
 
 if TYPE_CHECKING:  # pragma: no cover
     from .report import Report
@@ -159,6 +161,35 @@ def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "r
     return _png(fig)
 
 
+def load_curves(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -> bytes | None:
+    """Mean E2E, p99 E2E and goodput (per seed, averaged) against ``rate_per_s``, one line
+    per group of the other keys; None when the rows hold fewer than two rates."""
+    if "rate_per_s" not in keys:
+        return None
+    s = summarize(lf, by=list(keys), slo=slo).sort("rate_per_s")
+    if s["rate_per_s"].n_unique() < 2:
+        return None
+    others = [k for k in keys if k != "rate_per_s"]
+    fig = Figure(figsize=(13.5, 4.2))
+    axes = fig.subplots(1, 3)
+    fig.subplots_adjust(wspace=0.35)
+    panels = (("mean_e2e_s", "mean E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
+              ("goodput_per_s", "goodput (requests/s within SLO)" if slo else "goodput (completed requests/s)"))
+    for gkey, g in s.partition_by(others, as_dict=True, maintain_order=True).items():
+        label = group_label(dict(zip(others, gkey)), others)
+        for ax, (col, _) in zip(axes, panels):
+            ax.plot(g["rate_per_s"].to_numpy(), g[col].fill_null(np.nan).to_numpy(), marker="o", label=label)
+    for ax, (_, name) in zip(axes, panels):
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    axes[2].legend(fontsize="small")
+    fig.suptitle("Latency and goodput against load" + (f" (SLO: {slo.describe()})" if slo else ""))
+    return _png(fig)
+
+
 @dataclass(frozen=True)
 class Plot:
     """One rendered figure: a file-name stem, a caption and the PNG bytes."""
@@ -181,6 +212,10 @@ def report_plots(report: "Report") -> Iterator[Plot]:
         yield Plot("improvement", "improvement",
                    "Improvement over the baseline with 95% bootstrap intervals",
                    improvement_bars(main.df, keys, report.baseline))
+    curves = load_curves(lf, keys, report.slo)
+    if curves is not None:
+        yield Plot("load_curves", "latency", "Mean and p99 E2E latency and goodput against the arrival rate",
+                   curves)
     yield Plot("e2e_cdf", "latency", "CDF of end-to-end latency", cdf(lf, keys, "e2e_s"))
     yield Plot("ttft_cdf", "latency", "CDF of time to first token", cdf(lf, keys, "ttft_s"))
     yield Plot("e2e_over_time", "latency", "Mean E2E latency over arrival time",

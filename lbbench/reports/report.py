@@ -26,6 +26,7 @@ class Report:
     tables: list[Table]
     baseline: str = "round_robin"
     warnings: list[str] = field(default_factory=list)
+    slo: Slo | None = None
 
     def table(self, name: str) -> Table | None:
         return next((t for t in self.tables if t.name == name), None)
@@ -93,7 +94,7 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
     if baseline not in routers:
         warnings.append(f"baseline router {baseline!r} is not in these runs; improvements are empty")
     tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
-    return Report(runs, keys, tables, baseline, warnings)
+    return Report(runs, keys, tables, baseline, warnings, slo)
 
 
 def write_plots(report: Report, directory: str | Path) -> list[Path]:

@@ -92,3 +92,25 @@ def test_html_screenshot_shows_tables_and_plots(tmp_path, v100_run, a100_run):
     plot_blue = _near(img, (0x1F, 0x77, 0xB4), 0.06).sum()
     bar_green = _near(img, (0x2C, 0xA0, 0x2C), 0.06).sum()
     assert plot_blue > 500 and bar_green > 500, "plots not visible"
+
+
+def test_load_sweep_gets_latency_and_goodput_against_load(tmp_path):
+    from click.testing import CliRunner
+
+    from lbbench.cli import main
+    from lbbench.reports.summary import Slo
+
+    out = tmp_path / "sweep"
+    res = CliRunner().invoke(main, ["run", "--router", "round_robin,jsq", "--rate", "3,30", "--jobs", "1",
+                                    "--requests", "80", "--timeline-interval", "0", "--out", str(out)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rep = build_report([out], slo=Slo(e2e_s=10.0))
+    assert "rate_per_s" in rep.keys
+    figs = {f.name: f for f in plots.report_plots(rep)}
+    png = figs["load_curves"].png
+    assert png.startswith(PNG_MAGIC) and _non_uniform(_pixels(png))
+    assert "against the arrival rate" in rep.render("html")
+    # one rate: nothing to draw against load
+    assert plots.load_curves(load_runs([out]).requests.filter(plots.pl.col("rate_per_s") == 3.0),
+                             ["router"]) is None
