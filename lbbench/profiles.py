@@ -49,6 +49,12 @@ class Profile:
     epsilon: float
     alpha: float
     min_step_s: float  # the paper's Δt: decision epoch / minimum decode step
+    #: engine semantics: "v1" (vLLM V1: one mixed step, running first) or "v0" (vLLM V0 without chunked
+    #: prefill: a step prefills waiting requests only, decodes pause; otherwise decode-only steps)
+    scheduler: str = "v1"
+    #: what the profile models physically (``model_config``, ``gpu``, ``dtype``, ``tp``, efficiency factors):
+    #: lets ``lbbench profiles`` show the implied prefill MFU and decode bandwidth utilization
+    physics: dict[str, Any] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
     path: str | None = None
 
@@ -114,6 +120,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         "model": data.get("model", ""),
         "hardware": data.get("hardware", ""),
         "source": {str(k): str(v) for k, v in data.get("source", {}).items()},
+        "physics": dict(data.get("physics", {})),
         "path": str(p),
     }
     for section, keys in _SECTIONS.items():
@@ -124,6 +131,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
             if k not in tbl:
                 raise ProfileError(f"{p}: missing key {section}.{k}")
             kw[k] = tbl[k]
+    kw["scheduler"] = str(data["engine"].get("scheduler", "v1"))
     prof = Profile(**kw)
     _validate(prof, p)
     return prof
@@ -137,6 +145,8 @@ def _validate(prof: Profile, p: Path) -> None:
     for k in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if int(getattr(prof, k)) <= 0:
             raise ProfileError(f"{p}: {k} must be a positive integer")
+    if prof.scheduler not in ("v1", "v0"):
+        raise ProfileError(f"{p}: engine.scheduler must be \"v1\" or \"v0\", not {prof.scheduler!r}")
     if prof.min_step_s <= 0:
         raise ProfileError(f"{p}: mixing.min_step_s must be > 0")
     if prof.max_num_batched_tokens < prof.max_num_seqs:

@@ -13,7 +13,7 @@ def tiny_profile(**overrides) -> Profile:
     base = load_profile("llama2-7b-v100")
     kw = dict(name="tiny-test", base_s=0.01, prefill_token_s=1e-4, decode_seq_s=1e-4, context_token_s=1e-6,
               num_kv_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256,
-              chunked_prefill=False, min_step_s=0.01)
+              chunked_prefill=False, min_step_s=0.01, scheduler="v1", physics={})
     kw.update(overrides)
     return replace(base, **kw)
 

@@ -15,6 +15,12 @@ What is modelled (vLLM V1 scheduler semantics):
   no waiting request is admitted in a step that preempted;
 - chunked prefill on (a prompt is split across steps by the budget) or off (a
   prompt's prefill runs whole in one step, mixed with the running decodes);
+- vLLM V0 semantics (profile ``engine.scheduler = "v0"``, without chunked
+  prefill), as the paper ran: a step either prefills waiting requests only
+  (FCFS while the budget, ``max_num_seqs`` and free blocks above a 1 %
+  watermark allow; the running decodes pause for it) or, when nothing can be
+  admitted, decodes the running requests only. A prefill-only step does not
+  advance the decode clock; the first tokens it produces are kept apart;
 - step time ``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` from
   the profile, where ``context_tokens`` is the KV read by the decoding sequences.
 
@@ -51,7 +57,7 @@ class SimRequest:
 
     __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "num_computed",
                  "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
-                 "first_token_s", "finish_s", "version", "expected")
+                 "first_token_s", "finish_s", "version", "expected", "extra_times")
 
     def __init__(self, request: Request):
         self.request = request
@@ -71,6 +77,7 @@ class SimRequest:
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         self.version = 0
+        self.extra_times: list[float] | None = None  # tokens of V0 prefill-only steps (off the decode clock)
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +106,9 @@ class SimInstance:
         self.budget = p.max_num_batched_tokens if self.chunked_prefill else max(
             p.max_num_batched_tokens, p.max_model_len)
         self.max_model_len = min(p.max_model_len, self.num_blocks * self.bs)
+        # V0 without chunked prefill: prefill-only and decode-only steps; admission keeps a 1 % watermark
+        self.v0 = p.scheduler == "v0" and not self.chunked_prefill
+        self.watermark_blocks = int(0.01 * self.num_blocks) if self.v0 else 0
         self._base, self._a, self._b, self._c = p.base_s, p.prefill_token_s, p.decode_seq_s, p.context_token_s
 
         self.waiting: deque[SimRequest] = deque()
@@ -121,6 +131,7 @@ class SimInstance:
         self.seg_a = 0.0
         self.seg_b = 0.0
         self.seg_sched: list[tuple[SimRequest, int]] | None = None  # slow step: (request, tokens)
+        self.seg_prefill_only = False  # V0: the step in progress prefills only (decodes paused)
         self.now_s = 0.0  # time of the last step boundary
 
     # ------------------------------------------------------------------ public API
@@ -241,8 +252,9 @@ class SimInstance:
         self._ends[self.clock:need] = t0 + j * self.seg_a + self.seg_b * j * (j - 1) * 0.5
 
     # ------------------------------------------------------------------ decoding bookkeeping
-    def _start_decoding(self, r: SimRequest) -> None:
-        """``r`` just produced a token at the end of step ``self.clock``."""
+    def _start_decoding(self, r: SimRequest, off_clock_s: float | None = None) -> None:
+        """``r`` just produced a token at the end of step ``self.clock``, or, from a
+        V0 prefill-only step that did not advance the clock, at ``off_clock_s``."""
         r.decoding = True
         r.c0 = self.clock
         r.g0 = r.generated
@@ -252,7 +264,13 @@ class SimInstance:
         self.sum_key += r.key
         r.version += 1
         heapq.heappush(self.heap, (self.clock + r.output_tokens - r.generated, r.rid, r.version))
-        r.ranges.append((self.clock, self.clock))
+        if off_clock_s is None:
+            r.ranges.append((self.clock, self.clock))
+        else:  # its next token comes with the next decode step
+            r.ranges.append((self.clock + 1, self.clock))
+            if r.extra_times is None:
+                r.extra_times = []
+            r.extra_times.append(off_clock_s)
 
     def _stop_decoding(self, r: SimRequest) -> None:
         """Freeze the counters of a decoding request (before preemption or finish)."""
@@ -301,10 +319,16 @@ class SimInstance:
                 best, best_size = r, size
         return best if best is not None else self.waiting[0]
 
+    #: the priority policy's source of a request's priority (default: its predicted
+    #: work, ``lbbench.routers.priority``); an emulated server sets it to what the
+    #: client sent in the request's ``priority`` field
+    priority_of: Callable[[Request], int] | None = None
+
     def _priority_key(self, r: SimRequest) -> tuple[int, float, int]:
-        """vLLM's priority order: the request's priority (its predicted work,
-        ``lbbench.routers.priority``), then arrival."""
-        return (request_priority(r.request, self.profile), r.request.arrival_s, r.rid)
+        """vLLM's priority order: the request's priority, then arrival."""
+        prio = self.priority_of(r.request) if self.priority_of is not None else request_priority(
+            r.request, self.profile)
+        return (prio, r.request.arrival_s, r.rid)
 
     def _victim(self, first: int) -> SimRequest:
         """The running request to preempt: the newest, or under the priority
@@ -326,6 +350,9 @@ class SimInstance:
         if not self.running and not self.waiting:
             self.seg_k = 0
             return
+        self.seg_prefill_only = False
+        if self.v0 and self.waiting and self._plan_prefill_only(t):
+            return
         bs = self.bs
         budget = self.budget
         sched: list[tuple[SimRequest, int]] = []
@@ -338,24 +365,9 @@ class SimInstance:
         else:
             preempted = self._schedule_running(t, events, sched)
             budget -= self.n_dec + sum(need for _, need in sched)
-        # waiting requests, unless this step preempted
-        if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                r = self._pick_waiting()
-                need = r.num_tokens - r.num_computed
-                if need > budget:
-                    if not self.chunked_prefill:
-                        break
-                    need = budget
-                grow = -(-(r.num_computed + need) // bs) - r.blocks
-                if grow > self.num_blocks - self.used_blocks:
-                    break
-                self.waiting.remove(r)
-                self.running.append(r)
-                self.used_blocks += grow
-                r.blocks += grow
-                sched.append((r, need))
-                budget -= need
+        # waiting requests, unless this step preempted (V0 admits only in prefill-only steps)
+        if not preempted and not self.v0:
+            self._admit(budget, 0, sched)
         n = self.n_dec
         if not sched and not n:
             # nothing fits (every waiting request needs more than is free and nothing runs)
@@ -379,6 +391,47 @@ class SimInstance:
         self.seg_k = k
         if self.check_invariants:
             self._assert_invariants(sched)
+
+    def _admit(self, budget: int, reserve_blocks: int, sched: list[tuple[SimRequest, int]]) -> None:
+        """Move waiting requests (in scheduler order) to running while the token
+        budget, ``max_num_seqs`` and the free blocks beyond ``reserve_blocks``
+        allow; a prompt larger than the budget is chunked only with chunked
+        prefill. Appends ``(request, tokens)`` to ``sched``."""
+        bs = self.bs
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            r = self._pick_waiting()
+            need = r.num_tokens - r.num_computed
+            if need > budget:
+                if not self.chunked_prefill:
+                    break
+                need = budget
+            grow = -(-(r.num_computed + need) // bs) - r.blocks
+            if grow > self.num_blocks - self.used_blocks - reserve_blocks:
+                break
+            self.waiting.remove(r)
+            self.running.append(r)
+            self.used_blocks += grow
+            r.blocks += grow
+            sched.append((r, need))
+            budget -= need
+
+    def _plan_prefill_only(self, t: float) -> bool:
+        """V0: admit waiting requests (scheduler order) whose whole prompt fits the
+        budget and the free blocks above the watermark; if any, the step prefills
+        only them. Returns whether such a step was planned."""
+        sched: list[tuple[SimRequest, int]] = []
+        self._admit(self.budget, self.watermark_blocks if self.running else 0, sched)
+        if not sched:
+            return False
+        self.seg_a = self._base + self._a * sum(need for _, need in sched)
+        self.seg_b = 0.0
+        self.seg_sched = sched
+        self.seg_prefill_only = True
+        self.seg_t0 = t
+        self.seg_k = 1
+        if self.check_invariants:
+            self._assert_invariants(sched)
+        return True
 
     def _schedule_running(self, t: float, events: list[Event], sched: list[tuple[SimRequest, int]]) -> bool:
         """General case: walk the running requests in admission order, allocating
@@ -461,8 +514,12 @@ class SimInstance:
     def _finish_segment(self, end_s: float, events: list[Event]) -> None:
         k = self.seg_k
         t0 = self.seg_t0
-        self._log_steps(t0, k)
         sched = self.seg_sched
+        off_clock = self.seg_prefill_only
+        if off_clock:  # V0 prefill-only step: the decode clock stands still
+            k = 0
+        else:
+            self._log_steps(t0, k)
         if sched is None and k > 1:
             # block demand of steps 2..k of a pure-decode segment
             bs = self.bs
@@ -478,7 +535,8 @@ class SimInstance:
         self.clock += k
         self.now_s = end_s
         self.seg_k = 0
-        events.append(StepsAdvanced(self.index, end_s, k))
+        if k:
+            events.append(StepsAdvanced(self.index, end_s, k))
         if sched is not None:
             for r, need in sched:
                 if r.rid not in self.reqs:
@@ -489,7 +547,7 @@ class SimInstance:
                     if r.first_token_s is None:
                         r.first_token_s = end_s
                     events.append(FirstToken(r.rid, self.index, end_s))
-                    self._start_decoding(r)
+                    self._start_decoding(r, end_s if off_clock else None)
         # finishes
         heap = self.heap
         while heap and heap[0][0] <= self.clock:
@@ -513,15 +571,18 @@ class SimInstance:
     def token_times(self, r: SimRequest) -> np.ndarray:
         """Times of every token of a finished (or frozen) request."""
         parts = [self._ends[a - 1:b] for a, b in r.ranges]
+        if r.extra_times:
+            return np.sort(np.concatenate(parts + [np.asarray(r.extra_times)]))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _assert_invariants(self, sched: list[tuple[SimRequest, int]]) -> None:
-        assert self.n_dec + sum(need for _, need in sched) <= self.budget, "token budget exceeded"
+        decoding = 0 if self.seg_prefill_only else self.n_dec
+        assert decoding + sum(need for _, need in sched) <= self.budget, "token budget exceeded"
         assert 0 <= self.used_blocks <= self.num_blocks, f"blocks out of range {self.used_blocks}"
         assert len(self.running) <= self.max_num_seqs, "max_num_seqs exceeded"
         held = 0
         for r in self.running:
             held += -(-(r.key + self.clock) // self.bs) if r.decoding else r.blocks
-        dec_growth = self.hist[(-self.clock) % self.bs] if self.n_dec else 0
+        dec_growth = self.hist[(-self.clock) % self.bs] if self.n_dec and not self.seg_prefill_only else 0
         assert held + dec_growth == self.used_blocks, (held, dec_growth, self.used_blocks)
         assert self.n_dec == sum(1 for r in self.running if r.decoding)

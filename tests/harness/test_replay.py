@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lbbench.core import Request
+from lbbench.profiles import load_profile
 from lbbench.harness.emulator import free_port
 from lbbench.harness.replay import (PARTIAL_RECORDS, EndpointError, check_endpoints, normalize_endpoint,
                                     run_replay)
@@ -74,10 +75,11 @@ def test_emulated_timings_follow_the_profile(a100_fleet):
     res = run_replay([req], get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
                      run_id="t", seed=0, scrape_interval_s=None)
     rec = res.records[0]
-    prefill_s = 0.0164 + 4.78e-5 * 1000
+    p = load_profile("llama3.1-8b-a100")
+    prefill_s = p.base_s + p.prefill_token_s * 1000
     # never early; late only by the client's and the emulator's scheduling noise
     assert prefill_s - 0.005 <= rec.first_token_s - rec.actual_send_s <= prefill_s + 0.06
-    assert rec.tbt_mean_s == pytest.approx(0.0164 + 1.82e-5, rel=0.3)
+    assert rec.tbt_mean_s == pytest.approx(p.base_s + p.decode_seq_s + p.context_token_s * 1010, rel=0.3)
 
 
 def test_chat_api_and_text_prompts(a100_fleet):

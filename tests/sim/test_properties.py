@@ -37,9 +37,10 @@ def build(items):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=workloads, n_inst=st.integers(1, 3), chunked=st.booleans(),
-       blocks=st.integers(40, 120), sched=st.sampled_from(["fcfs", "bin_packing", "least_work_left"]))
-def test_every_request_finishes_once_with_monotone_times(items, n_inst, chunked, blocks, sched):
-    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140)
+       blocks=st.integers(40, 120), sched=st.sampled_from(["fcfs", "bin_packing", "least_work_left"]),
+       engine=st.sampled_from(["v1", "v0"]))
+def test_every_request_finishes_once_with_monotone_times(items, n_inst, chunked, blocks, sched, engine):
+    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140, scheduler=engine)
     reqs = build(items)
     sim = ClusterSim(prof, n_inst, reqs, instance_scheduler=sched, check_invariants=True)
     recs = sim.run(RR(n_inst))
@@ -55,9 +56,9 @@ def test_every_request_finishes_once_with_monotone_times(items, n_inst, chunked,
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=workloads, chunked=st.booleans(), blocks=st.integers(40, 120))
-def test_token_times_strictly_increase(items, chunked, blocks):
-    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140)
+@given(items=workloads, chunked=st.booleans(), blocks=st.integers(40, 120), engine=st.sampled_from(["v1", "v0"]))
+def test_token_times_strictly_increase(items, chunked, blocks, engine):
+    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140, scheduler=engine)
     sim = ClusterSim(prof, 1, build(items))
     seen = []
     inst = sim.instances[0]
@@ -74,9 +75,10 @@ def test_token_times_strictly_increase(items, chunked, blocks):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=workloads, n_inst=st.integers(1, 2), chunked=st.booleans(), blocks=st.integers(40, 120))
-def test_skip_ahead_matches_step_by_step(items, n_inst, chunked, blocks):
-    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140)
+@given(items=workloads, n_inst=st.integers(1, 2), chunked=st.booleans(), blocks=st.integers(40, 120),
+       engine=st.sampled_from(["v1", "v0"]))
+def test_skip_ahead_matches_step_by_step(items, n_inst, chunked, blocks, engine):
+    prof = tiny_profile(num_kv_blocks=blocks, chunked_prefill=chunked, max_model_len=140, scheduler=engine)
     reqs = build(items)
     fast = ClusterSim(prof, n_inst, reqs).run(RR(n_inst))
     slow = ClusterSim(prof, n_inst, reqs, skip_ahead=False).run(RR(n_inst))
