@@ -88,8 +88,9 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
               help="Port of the first instance; the others follow.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--model-name", default=None, help="Served model name (default: the profile's model).")
-@click.option("--instance-scheduler", type=click.Choice(["fcfs", "bin_packing", "least_work_left"]),
-              default="fcfs", show_default=True, help="Scheduler inside each instance.")
+@click.option("--instance-scheduler", type=click.Choice(["fcfs", "bin_packing", "least_work_left", "priority"]),
+              default="fcfs", show_default=True,
+              help="Scheduler inside each instance (priority: vLLM's policy, by the requests' `priority` field).")
 @click.option("--chunked-prefill", type=click.Choice(["on", "off", "profile"]), default="profile",
               show_default=True, help="Chunked prefill (default: as the profile says).")
 @click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),

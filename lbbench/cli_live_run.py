@@ -17,8 +17,8 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .experiment import (RunConfig, Variant, build_requests, records_frame, group_keys, run_columns, write_outputs,
-                         write_run_toml)
+from .experiment import (RunConfig, Variant, build_requests, records_frame, group_keys, run_columns, slo_of,
+                         write_outputs, write_run_toml)
 from .profiles import Profile
 
 
@@ -32,6 +32,10 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
 
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
     specs = [InstanceSpec(min_step_s=profile.min_step_s) for _ in endpoints]
+    priority_of = None
+    if variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
+        from .routers.priority import request_priority
+        priority_of = lambda r: request_priority(r, profile)  # noqa: E731
     for seed in cfg.seed_list():
         reqs = annotate(build_requests(cfg, profile, seed, variant.order), predictor)
         for name in cfg.routers:
@@ -45,6 +49,7 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
                                  seed=seed, out_dir=out_dir / "partial" / label,
                                  request_timeout_s=kw.get("request_timeout", 600.0),
                                  api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
+                                 priority_of=priority_of,
                                  progress=lambda done, total, _t=task: progress.update(_t, completed=done))
             except EndpointError as exc:
                 # an instance died between replays: keep what was measured, mark the run incomplete
@@ -88,8 +93,9 @@ def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: li
                 for chunked in cfg.chunked_prefill:
                     tag = "default" if chunked is None else ("on" if chunked else "off")
                     console.print(f"launching {cfg.instances} x {kw['launch_model']} (chunked prefill {tag}) ...")
+                    policy = "priority" if cfg.instance_schedulers[0] == "priority" else None
                     with launch(kw["launch_model"], cfg.instances, chunked_prefill=chunked,
-                                vllm_python=kw.get("vllm_python"),
+                                vllm_python=kw.get("vllm_python"), scheduling_policy=policy,
                                 log_dir=out_dir / "logs" / f"chunked-{tag}") as eps:
                         v = Variant(cfg.instance_schedulers[0], chunked, cfg.orders[0])
                         if not _replays(cfg, profile, list(eps), v, kw, out_dir, run_id, progress, frames,
@@ -98,7 +104,7 @@ def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: li
                             break
     except KeyboardInterrupt:
         complete = False
-    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg))
+    summary = write_outputs(out_dir, frames, timelines, group_keys(cfg), slo_of(cfg))
     if timelines:
         pl.concat(timelines, how="diagonal_relaxed").write_parquet(out_dir / "metrics.parquet")
     write_run_toml(out_dir / "run.toml", cfg, profile, run_id, complete=complete,

@@ -135,6 +135,8 @@ class EmulatedInstance:
         self.index = index
         self.model = model or profile.model or "sim"
         self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill)
+        self._priority: dict[int, int] = {}  # request -> the `priority` field it was sent with
+        self.sim.priority_of = lambda r: self._priority.get(r.request_id, 0)
         self.streams: dict[int, _Stream] = {}
         self._ids = itertools.count()
         self._wake: asyncio.Future | None = None
@@ -254,8 +256,9 @@ class EmulatedInstance:
             else:
                 await self._wake
 
-    def _submit(self, prompt_tokens: int, output_tokens: int) -> _Stream:
+    def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0) -> _Stream:
         rid = next(self._ids)
+        self._priority[rid] = priority
         s = _Stream(rid, prompt_tokens, output_tokens)
         self.streams[rid] = s
         self.prompt_tokens_total += prompt_tokens
@@ -266,6 +269,7 @@ class EmulatedInstance:
 
     def _forget(self, s: _Stream) -> None:
         self.streams.pop(s.rid, None)
+        self._priority.pop(s.rid, None)
         if not s.done:
             self.sim.abort(s.rid)
             self._poke()
@@ -332,6 +336,11 @@ class EmulatedInstance:
                 max_tokens = 16
             if not isinstance(max_tokens, int) or max_tokens < 1:
                 raise _BadRequest("'max_tokens' must be a positive integer")
+            priority = body.get("priority", 0)
+            if not isinstance(priority, int) or isinstance(priority, bool):
+                raise _BadRequest("'priority' must be an integer")
+            if priority != 0 and self.sim.scheduler != "priority":  # as vLLM answers under fcfs
+                raise _BadRequest(f"Got priority {priority} but Priority scheduling is not enabled.")
         except (ValueError, _BadRequest) as exc:
             return web.json_response({"error": {"message": str(exc), "type": "BadRequestError",
                                                 "code": 400}}, status=400)
@@ -339,7 +348,7 @@ class EmulatedInstance:
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does "
                                                 "not exist.", "type": "NotFoundError", "code": 404}},
                                      status=404)
-        s = self._submit(prompt_tokens, max_tokens)
+        s = self._submit(prompt_tokens, max_tokens, priority)
         if s.error is not None:
             self.streams.pop(s.rid, None)
             return web.json_response({"error": {"message": s.error, "type": "BadRequestError",

@@ -87,8 +87,9 @@ def synthetic_text(request: Request) -> str:
 
 
 def request_body(request: Request, model: str, api: str = "completions",
-                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE) -> dict:
-    """The JSON body for one request (streaming, exact output length)."""
+                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE, priority: int | None = None) -> dict:
+    """The JSON body for one request (streaming, exact output length); ``priority`` for
+    servers run with vLLM's ``--scheduling-policy priority`` (smaller is served first)."""
     n = int(request.output_tokens)
     body: dict = {
         "model": model,
@@ -106,6 +107,8 @@ def request_body(request: Request, model: str, api: str = "completions",
         body["prompt"] = request.prompt if request.prompt is not None else prompt_token_ids(request, token_id_range)
     else:
         raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
+    if priority is not None:
+        body["priority"] = int(priority)
     return body
 
 
@@ -165,7 +168,8 @@ class HttpBackend:
 
     def __init__(self, *, model: str, clock: Callable[[], float], api: str = "completions",
                  request_timeout_s: float = 600.0,
-                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE):
+                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
+                 priority_of: Callable[[Request], int] | None = None):
         if api not in ("completions", "chat"):
             raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
         self.model = model
@@ -173,6 +177,7 @@ class HttpBackend:
         self.api = api
         self.request_timeout_s = request_timeout_s
         self.token_id_range = token_id_range
+        self.priority_of = priority_of  # None: no priority field (vLLM rejects one under fcfs)
         self._path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         self.session: aiohttp.ClientSession | None = None
 
@@ -192,7 +197,8 @@ class HttpBackend:
                    on_tokens: TokenCallback | None = None) -> StreamResult:
         """Stream one request to ``base_url``; never raises for server or network faults."""
         assert self.session is not None, "use HttpBackend as an async context manager"
-        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range)).encode()
+        prio = self.priority_of(request) if self.priority_of is not None else None
+        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio)).encode()
         url = base_url + self._path
         res = StreamResult(actual_send_s=self.clock())
         try:

@@ -161,7 +161,7 @@ def resolve_model(model: str, vllm_python: str | None) -> tuple[str, str]:
 
 def server_args(model_path: str, served_name: str, port: int, *, chunked_prefill: bool | None,
                 max_num_seqs: int | None, max_num_batched_tokens: int | None, cpu: bool,
-                extra_args: Sequence[str] = ()) -> list[str]:
+                extra_args: Sequence[str] = (), scheduling_policy: str | None = None) -> list[str]:
     args = ["--model", model_path, "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name]
     if chunked_prefill is not None:
         args.append("--enable-chunked-prefill" if chunked_prefill else "--no-enable-chunked-prefill")
@@ -169,6 +169,8 @@ def server_args(model_path: str, served_name: str, port: int, *, chunked_prefill
         args += ["--max-num-seqs", str(max_num_seqs)]
     if max_num_batched_tokens is not None:
         args += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+    if scheduling_policy is not None:  # vLLM's fcfs (default) or priority (per-request priority field)
+        args += ["--scheduling-policy", scheduling_policy]
     if cpu and "--enforce-eager" not in extra_args:
         args.append("--enforce-eager")
     if served_name == TINY_NAME and not any(a.startswith("--max-model-len") for a in extra_args):
@@ -253,7 +255,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
            extra_args: Sequence[str] = (), vllm_python: str | None = None,
            log_dir: str | Path = "logs", port_base: int = 8100, health_timeout_s: float = 600.0,
-           command: Sequence[str] | None = None, stop_grace_s: float = 15.0) -> Iterator[list[str]]:
+           command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
+           scheduling_policy: str | None = None) -> Iterator[list[str]]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
@@ -292,7 +295,7 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
                     env["CUDA_VISIBLE_DEVICES"] = gpus[i]
                 args = server_args(model_path, served_name, port, chunked_prefill=chunked_prefill,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   cpu=cpu, extra_args=extra_args)
+                                   cpu=cpu, extra_args=extra_args, scheduling_policy=scheduling_policy)
                 if prefix[-1] == "serve":  # `vllm serve MODEL ...` takes the model positionally
                     args = [args[1]] + args[2:]
                 cmd = prefix + args
