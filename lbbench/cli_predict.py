@@ -1,6 +1,6 @@
 """``lbbench predictor``: train and evaluate output-length predictors.
 
-    lbbench predictor train --data CORPUS --kind text|metadata|task --out DIR
+    lbbench predictor train --data CORPUS --kind text|embed|bow|metadata|task --out DIR
     lbbench predictor eval  --model DIR --data CORPUS [--format table|json]
 
 ``train`` splits the corpus (stratified by output bucket, grouped by prompt),
@@ -45,7 +45,7 @@ def _fmt(x: Any) -> str:
 def render_table(report: dict[str, Any]) -> str:
     lines = []
     for k, v in report.items():
-        if k in ("per_bucket", "confusion", "bucket_labels"):
+        if k in ("per_bucket", "confusion", "bucket_labels", "per_model", "chosen"):
             continue
         lines.append(f"{k:<34} {_fmt(v)}")
     labels = report.get("bucket_labels") or []
@@ -56,6 +56,14 @@ def render_table(report: dict[str, Any]) -> str:
             b = row["bucket"]
             lines.append(f"{b:<8}{labels[b] if b < len(labels) else '':<14}{row['support']:>8}"
                          f"{_fmt(row['precision']):>11}{_fmt(row['recall']):>9}")
+    if report.get("per_model"):
+        lines.append("")
+        lines.append(f"{'model':<36}{'n':>6}{'tau':>8}{'accuracy':>10}{'p90 cov':>9}{'mean true':>11}"
+                     f"{'mean pred':>11}")
+        for m in report["per_model"]:
+            lines.append(f"{str(m['model'] or '-'):<36}{m['n']:>6}{_fmt(m['kendall_tau']):>8}"
+                         f"{_fmt(m['accuracy']):>10}{_fmt(m['p90_coverage']):>9}{m['mean_true_tokens']:>11.1f}"
+                         f"{m['mean_expected_tokens']:>11.1f}")
     if report.get("confusion"):
         lines.append("")
         lines.append("confusion (rows: true bucket, columns: predicted)")
@@ -73,6 +81,27 @@ def _emit(report: dict[str, Any], fmt: str) -> None:
         click.echo(render_table(report))
 
 
+def _train_encoder_model(kind: str, train, scheme, log, *, encoder: str, max_length: int, use_model_name: bool,
+                         seed: int, **fine_tune: Any):
+    """Train a text model (``embed``/``bow`` regressor or fine-tuned ``text``/``task``); errors as usage errors."""
+    try:
+        if kind in ("embed", "bow"):
+            from .predict.regression import LengthTrainConfig, train_length_model
+
+            return train_length_model(train, scheme, LengthTrainConfig(
+                features="encoder" if kind == "embed" else "bow", encoder=encoder, max_length=max_length,
+                use_model_name=use_model_name, seed=seed), log=log)
+        from .predict.text import TextTrainConfig, train_text_model
+
+        return train_text_model(train, scheme, TextTrainConfig(
+            encoder=encoder, objective="task" if kind == "task" else "bucket+task", max_length=max_length,
+            seed=seed, **fine_tune), log=log)
+    except OSError as exc:
+        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--encoder") from None
+    except ValueError as exc:
+        raise _usage(exc) from None
+
+
 @click.group("predictor")
 def predictor() -> None:
     """Train and evaluate output-length predictors."""
@@ -81,8 +110,12 @@ def predictor() -> None:
 @predictor.command("train")
 @click.option("--data", "data", multiple=True, required=True, type=click.Path(),
               help="corpus file or directory (repeatable); native JSONL or a known public format")
-@click.option("--kind", type=click.Choice(["text", "metadata", "task"]), default="text", show_default=True,
-              help="text: encoder -> bucket (+ task head); metadata: prompt length + task; task: task classifier")
+@click.option("--kind", type=click.Choice(["text", "embed", "bow", "metadata", "task"]), default="text",
+              show_default=True,
+              help="text: fine-tuned encoder -> bucket (+ task head); embed: frozen encoder embedding + model name "
+              "-> length distribution (ridge / bucket-logistic head chosen on held-out ranking); bow: the same "
+              "on hashed bag of words; metadata: prompt length + task; task: task classifier")
+@click.option("--no-model-name", is_flag=True, help="embed/bow: do not condition on the generating model's name")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="output directory")
 @click.option("--encoder", default=None, help="transformers model name or path (default: bundled all-MiniLM-L6-v2)")
 @click.option("--scheme", type=click.Choice(SCHEMES), default="paper", show_default=True, help="bucket scheme")
@@ -104,8 +137,8 @@ def predictor() -> None:
               help="metadata model")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_examples, models, test_fraction,
-              max_length, batch_size, lr, freeze_layers, num_layers, estimator, seed, fmt) -> None:
+def train_cmd(data, kind, no_model_name, out_dir, encoder, scheme, profile, epochs, max_examples, models,
+              test_fraction, max_length, batch_size, lr, freeze_layers, num_layers, estimator, seed, fmt) -> None:
     """Train a predictor and print its held-out evaluation."""
     prof = None
     if profile:
@@ -128,17 +161,9 @@ def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_example
 
         model = train_metadata_model(train, bucket_scheme, estimator=estimator, seed=seed)
     else:
-        from .predict.text import TextTrainConfig, train_text_model
-
-        cfg = TextTrainConfig(encoder=encoder or "", objective="task" if kind == "task" else "bucket+task",
-                              max_length=max_length, epochs=epochs, batch_size=batch_size, lr=lr,
-                              freeze_layers=freeze_layers, num_layers=num_layers, seed=seed)
-        try:
-            model = train_text_model(train, bucket_scheme, cfg, log=log)
-        except OSError as exc:
-            raise click.BadParameter(str(exc).splitlines()[0], param_hint="--encoder") from None
-        except ValueError as exc:
-            raise _usage(exc) from None
+        model = _train_encoder_model(kind, train, bucket_scheme, log, encoder=encoder or "", max_length=max_length,
+                                     use_model_name=not no_model_name, epochs=epochs, batch_size=batch_size, lr=lr,
+                                     freeze_layers=freeze_layers, num_layers=num_layers, seed=seed)
     model.save(out_dir)
     log(f"trained in {model.config.train_seconds:.1f} s; saved to {out_dir}")
     from .predict.evaluate import evaluate_dir
@@ -156,15 +181,19 @@ def train_cmd(data, kind, out_dir, encoder, scheme, profile, epochs, max_example
 @click.option("--models", default=None, help="keep rows whose generating model contains one of these substrings")
 @click.option("--max-examples", type=click.IntRange(1), default=None)
 @click.option("--no-quantize", is_flag=True, help="evaluate the fp32 text model only")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "int8"]), default=None,
+              help="inference precision (default: int8 for text, fp32 for embed)")
+@click.option("--compare-precisions", is_flag=True, help="also report accuracy and tau in the other precisions")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def eval_cmd(model_dir, data, models, max_examples, no_quantize, seed, fmt) -> None:
+def eval_cmd(model_dir, data, models, max_examples, no_quantize, precision, compare_precisions, seed, fmt) -> None:
     """Evaluate a saved predictor on a corpus (prompts seen in training are skipped)."""
     from .predict.evaluate import evaluate_dir
 
     corpus = _load(data, models, max_examples, seed)
     try:
-        report = evaluate_dir(model_dir, corpus.examples, quantize=not no_quantize)
+        report = evaluate_dir(model_dir, corpus.examples, quantize=not no_quantize, precision=precision,
+                              compare_precisions=compare_precisions)
     except PredictorSpecError as exc:
         raise _usage(exc) from None
     _emit(report, fmt)

@@ -24,8 +24,10 @@ of the true bucket) and ``NoisyPredictor`` (the true bucket with probability
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..core import Request
@@ -59,10 +61,23 @@ class TrainedModelConfig:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """One request's predicted output length: its bucket and a point estimate."""
+    """One request's predicted output length: its bucket, a point estimate
+    (the expected length, what routers sum as work) and two quantiles of its
+    distribution (``p50_tokens``, ``p90_tokens``; ``None`` when the predictor
+    has no distribution, read them through ``p50`` / ``p90``)."""
 
     bucket: int
     expected_tokens: int
+    p50_tokens: int | None = None
+    p90_tokens: int | None = None
+
+    @property
+    def p50(self) -> int:
+        return self.expected_tokens if self.p50_tokens is None else self.p50_tokens
+
+    @property
+    def p90(self) -> int:
+        return self.expected_tokens if self.p90_tokens is None else self.p90_tokens
 
 
 @dataclass(frozen=True)
@@ -187,7 +202,8 @@ class OraclePredictor:
         self.name = "oracle"
 
     def predict(self, requests: Sequence[Request]) -> list[Prediction]:
-        return [Prediction(self.scheme.bucket_of(r.output_tokens), r.output_tokens) for r in requests]
+        return [Prediction(self.scheme.bucket_of(r.output_tokens), r.output_tokens, r.output_tokens, r.output_tokens)
+                for r in requests]
 
 
 class BucketOraclePredictor:
@@ -201,7 +217,8 @@ class BucketOraclePredictor:
         out = []
         for r in requests:
             b = self.scheme.bucket_of(r.output_tokens)
-            out.append(Prediction(b, self.scheme.upper_bound(b)))
+            ub = self.scheme.upper_bound(b)
+            out.append(Prediction(b, ub, ub, ub))
         return out
 
 
@@ -244,18 +261,24 @@ class NoisyPredictor:
         out = []
         for r in requests:
             b = self.bucket_for(r.request_id, self.scheme.bucket_of(r.output_tokens))
-            out.append(Prediction(b, self.scheme.upper_bound(b)))
+            ub = self.scheme.upper_bound(b)
+            out.append(Prediction(b, ub, ub, ub))
         return out
 
 
 # --------------------------------------------------------------------------- loading / annotating
 
-SPEC_HELP = "oracle | bucket_oracle | noisy:ACC | text:DIR | metadata:DIR"
+SPEC_HELP = "oracle | bucket_oracle | noisy:ACC | text:DIR[?model=NAME&precision=P] | metadata:DIR"
 
 
 def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme | str | None = None,
                    seed: int = 0) -> Predictor:
     """Build a predictor from a ``--predictor`` spec.
+
+    ``text:DIR`` loads any text model in ``DIR``: a fine-tuned classifier
+    (kind ``text``) or a length regressor (kind ``embed``/``bow``). Options
+    after ``?``: ``model=NAME`` (the serving model a regressor conditions on;
+    default: the profile's ``model``) and ``precision=fp32|bf16|int8``.
 
     ``scheme`` (a ``BucketScheme`` or a scheme name) applies to the reference
     predictors (default: the paper scheme for ``profile``); learned predictors
@@ -278,10 +301,24 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
             raise PredictorSpecError(f"--predictor {spec!r}: noisy:ACC needs a number in [0, 1], "
                                      "e.g. noisy:0.8") from None
         return NoisyPredictor(scheme, acc, seed)
-    if kind == "text" and arg:
+    if kind in ("text", "embed", "bow") and arg:
+        path, options = _spec_options(spec, arg)
+        if _saved_kind(path) in ("embed", "bow"):
+            from .regression import LengthPredictor
+
+            serving = options.pop("model", None) or (str(getattr(profile, "model", "")) or None)
+            precision = options.pop("precision", "fp32")
+            _no_more(spec, options)
+            if precision not in ("fp32", "bf16", "int8"):
+                raise PredictorSpecError(f"--predictor {spec!r}: precision must be fp32, bf16 or int8")
+            return LengthPredictor.load(path, precision=precision, serving_model=serving)
         from .text import TextPredictor
 
-        tp = TextPredictor.load(arg)
+        precision = options.pop("precision", "int8")
+        _no_more(spec, options)
+        if precision not in ("fp32", "bf16", "int8"):
+            raise PredictorSpecError(f"--predictor {spec!r}: precision must be fp32, bf16 or int8")
+        tp = TextPredictor.load(path, precision=precision)
         if tp.config.train.get("objective") == "task":
             raise PredictorSpecError(f"--predictor {spec!r}: that directory holds a task classifier "
                                      "(--kind task), not a length predictor (--kind text)")
@@ -291,6 +328,33 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
 
         return MetadataPredictor.load(arg)
     raise PredictorSpecError(f"--predictor: unknown spec {spec!r} (expected {SPEC_HELP})")
+
+
+def _spec_options(spec: str, arg: str) -> tuple[str, dict[str, str]]:
+    """``DIR?model=NAME&precision=int8`` -> (``DIR``, options)."""
+    path, _, query = arg.partition("?")
+    options: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if not eq or key not in ("model", "precision"):
+            raise PredictorSpecError(f"--predictor {spec!r}: unknown option {part!r} "
+                                     "(known: ?model=NAME&precision=fp32|bf16|int8)")
+        options[key] = value
+    return path, options
+
+
+def _no_more(spec: str, options: dict[str, str]) -> None:
+    if options:
+        raise PredictorSpecError(f"--predictor {spec!r}: option {next(iter(options))!r} does not apply "
+                                 "to this kind of model")
+
+
+def _saved_kind(path: str) -> str | None:
+    cfg = Path(path) / "config.json"
+    try:
+        return json.loads(cfg.read_text()).get("kind") if cfg.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def annotate(requests: Sequence[Request], predictor: Predictor, batch_size: int = 64) -> list[Request]:

@@ -5,12 +5,26 @@ models keep prompt fingerprints), so evaluating on the same corpus the model
 was trained on measures the held-out split only.
 
 Reported (fixed metric names, used by ``lbbench predictor eval --format json``):
-``n``, ``accuracy`` (task hint given when the row has a task),
-``accuracy_without_task_hint``, ``accuracy_predicted_task_hint`` (text: the
-task head's guess as hint), ``accuracy_fp32`` / ``accuracy_bf16`` (text:
-the same model unquantized / in bfloat16),
-``majority_baseline_accuracy``, ``prompt_length_baseline_accuracy``,
-``task_classifier_accuracy`` (+ ``task_n``), ``per_bucket``, ``confusion``.
+
+* buckets: ``n``, ``accuracy`` (task hint given when the row has a task),
+  ``accuracy_without_task_hint``, ``accuracy_predicted_task_hint`` (text: the
+  task head's guess as hint), ``accuracy_fp32`` / ``accuracy_bf16`` /
+  ``accuracy_int8`` (the same model in another precision),
+  ``majority_baseline_accuracy`` (the training set's majority bucket),
+  ``test_majority_accuracy`` (the evaluated rows' own majority bucket: the
+  best constant in hindsight), ``prompt_length_baseline_accuracy``,
+  ``task_classifier_accuracy`` (+ ``task_n``), ``per_bucket``, ``confusion``;
+* ranking and calibration of the expected length: ``kendall_tau`` (tau-b),
+  ``spearman_rho``, ``mae_tokens``, ``p50_coverage`` / ``p90_coverage`` (share
+  of rows at or below the predicted p50 / p90),
+  ``prompt_length_baseline_kendall_tau`` (tau of the prompt length itself: the
+  order a router gets from prompt length alone), ``within_model_kendall_tau``
+  (mean over generating models of the tau within each, weighted by rows: what
+  the model's name cannot explain), ``per_model`` (n, tau, accuracy, p90
+  coverage per generating model); ``kendall_tau_<precision>`` beside
+  ``accuracy_<precision>``.
+
+Length regressors (``embed``/``bow``) are conditioned on each row's ``model``.
 """
 
 from __future__ import annotations
@@ -19,9 +33,10 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from .base import BucketScheme, PredictorSpecError
+from ..core import Request
+from .base import BucketScheme, Prediction, PredictorSpecError
 from .data import Example, prompt_fingerprint
-from .metrics import LengthBaseline, accuracy, bucket_metrics
+from .metrics import LengthBaseline, accuracy, bucket_metrics, coverage, kendall_tau, majority_bucket, mae, spearman_rho
 
 
 def model_kind(model_dir: str | Path) -> str:
@@ -29,7 +44,7 @@ def model_kind(model_dir: str | Path) -> str:
     if not cfg.is_file():
         raise PredictorSpecError(f"--model: {model_dir}: no config.json (not a saved predictor directory)")
     kind = json.loads(cfg.read_text()).get("kind")
-    if kind not in ("text", "metadata"):
+    if kind not in ("text", "metadata", "embed", "bow"):
         raise PredictorSpecError(f"--model: {cfg}: unknown model kind {kind!r}")
     return kind
 
@@ -46,14 +61,79 @@ def _common(cfg: Any, scheme: BucketScheme, rows: Sequence[Example], pred: list[
     m = bucket_metrics(true, pred, scheme.num_buckets)
     out["accuracy"] = m["accuracy"]
     out["majority_baseline_accuracy"] = accuracy(true, [cfg.majority_bucket] * len(rows))
+    out["test_majority_accuracy"] = accuracy(true, [majority_bucket(true)] * len(rows))
     out["prompt_length_baseline_accuracy"] = accuracy(true, baseline.predict([e.prompt_tokens for e in rows]))
     out["per_bucket"] = m["per_bucket"]
     out["confusion"] = m["confusion"]
     return out
 
 
-def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: bool = True) -> dict[str, Any]:
+def ranking_metrics(rows: Sequence[Example], preds: Sequence[Prediction], scheme: BucketScheme) -> dict[str, Any]:
+    """Ranking, error and calibration of ``preds`` against the rows' true lengths."""
+    true = [e.output_tokens for e in rows]
+    exp = [p.expected_tokens for p in preds]
+    out: dict[str, Any] = {
+        "kendall_tau": kendall_tau(exp, true), "spearman_rho": spearman_rho(exp, true), "mae_tokens": mae(true, exp),
+        "p50_coverage": coverage(true, [p.p50 for p in preds]), "p90_coverage": coverage(true, [p.p90 for p in preds]),
+        "prompt_length_baseline_kendall_tau": kendall_tau([e.prompt_tokens for e in rows], true)}
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(rows):
+        groups.setdefault(e.model or "", []).append(i)
+    per_model = []
+    for model, idx in sorted(groups.items()):
+        t = [true[i] for i in idx]
+        per_model.append({"model": model or None, "n": len(idx), "kendall_tau": kendall_tau([exp[i] for i in idx], t),
+                          "accuracy": accuracy([scheme.bucket_of(x) for x in t], [preds[i].bucket for i in idx]),
+                          "p90_coverage": coverage(t, [preds[i].p90 for i in idx]),
+                          "mean_true_tokens": sum(t) / len(t),
+                          "mean_expected_tokens": sum(exp[i] for i in idx) / len(idx)})
+    scored = [(m["kendall_tau"], m["n"]) for m in per_model if m["kendall_tau"] == m["kendall_tau"]]
+    out["within_model_kendall_tau"] = (sum(t * n for t, n in scored) / sum(n for _, n in scored)
+                                       if scored else float("nan"))
+    out["per_model"] = per_model
+    return out
+
+
+def _requests(rows: Sequence[Example]) -> list[Request]:
+    return [Request(i, 0.0, e.prompt_tokens, e.output_tokens, e.task, e.prompt) for i, e in enumerate(rows)]
+
+
+def _evaluate_regressor(model_dir: str | Path, kind: str, examples: Sequence[Example], precision: str,
+                        compare_precisions: bool) -> dict[str, Any]:
+    from .regression import LengthPredictor
+
+    lp = LengthPredictor.load(model_dir, precision=precision)
+    rows = unseen(examples, lp.config.train_fingerprints)
+    _require(rows, model_dir, len(examples))
+    args = ([e.prompt for e in rows], [e.prompt_tokens for e in rows], [e.model for e in rows])
+    preds = lp.predict_rows(*args)
+    out = _header(kind, lp.scheme, len(examples), rows)
+    out["precision"] = precision
+    out.update(_common(lp.config, lp.scheme, rows, [p.bucket for p in preds]))
+    out.update(ranking_metrics(rows, preds, lp.scheme))
+    if compare_precisions and kind == "embed":
+        true = [lp.scheme.bucket_of(e.output_tokens) for e in rows]
+        for other in ("fp32", "bf16", "int8"):
+            if other == precision:
+                continue
+            op = LengthPredictor.load(model_dir, precision=other).predict_rows(*args)
+            out[f"accuracy_{other}"] = accuracy(true, [p.bucket for p in op])
+            out[f"kendall_tau_{other}"] = kendall_tau([p.expected_tokens for p in op],
+                                                      [e.output_tokens for e in rows])
+    c = lp.config
+    out["chosen"] = {"features": c.features, "layer": c.layer, "head": c.head, "head_param": c.head_param,
+                     "bucket_rule": c.bucket_rule, "use_model_name": c.use_model_name}
+    out["train_seconds"] = c.train_seconds
+    return _ordered(out)
+
+
+def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: bool = True,
+                 precision: str | None = None, compare_precisions: bool = False) -> dict[str, Any]:
+    """``precision``: for length regressors (default fp32) and text models
+    (default int8 unless ``quantize=False``)."""
     kind = model_kind(model_dir)
+    if kind in ("embed", "bow"):
+        return _evaluate_regressor(model_dir, kind, examples, precision or "fp32", compare_precisions)
     if kind == "metadata":
         from .metadata import MetadataPredictor
 
@@ -66,19 +146,22 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
         out.update(_common(mp.config, mp.scheme, rows, pred))
         true = [mp.scheme.bucket_of(e.output_tokens) for e in rows]
         out["accuracy_without_task_hint"] = accuracy(true, mp.predict_buckets(pt, [None] * len(rows)))
+        out.update(ranking_metrics(rows, mp.predict(_requests(rows)), mp.scheme))
         out["train_seconds"] = mp.config.train_seconds
         return _ordered(out)
 
     from .text import TextPredictor
 
-    tp = TextPredictor.load(model_dir, quantize=quantize)
+    precision = precision or ("int8" if quantize else "fp32")
+    tp = TextPredictor.load(model_dir, precision=precision)
     cfg = tp.config
     rows = unseen(examples, cfg.train_fingerprints)
     _require(rows, model_dir, len(examples))
     prompts, tasks = [e.prompt for e in rows], [e.task for e in rows]
     true = [tp.scheme.bucket_of(e.output_tokens) for e in rows]
     out = _header(kind, tp.scheme, len(examples), rows)
-    out["quantized"] = quantize
+    out["quantized"] = precision != "fp32"
+    out["precision"] = precision
     with_task = [i for i, t in enumerate(tasks) if t]
     if cfg.train.get("objective") == "task":
         out["n"] = len(rows)
@@ -87,10 +170,12 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
         out["accuracy_without_task_hint"] = accuracy(true, tp.predict_buckets(prompts, tasks, hint="none"))
         out["accuracy_predicted_task_hint"] = accuracy(
             true, tp.predict_buckets(prompts, [None] * len(rows), hint="auto"))
-        if quantize:
-            for precision in ("fp32", "bf16"):
-                other = TextPredictor.load(model_dir, precision=precision)
-                out[f"accuracy_{precision}"] = accuracy(true, other.predict_buckets(prompts, tasks, hint="given"))
+        out.update(ranking_metrics(rows, tp.predict(_requests(rows)), tp.scheme))
+        if precision == "int8" or compare_precisions:
+            for other in ("fp32", "bf16", "int8"):
+                if other != precision:
+                    op = TextPredictor.load(model_dir, precision=other)
+                    out[f"accuracy_{other}"] = accuracy(true, op.predict_buckets(prompts, tasks, hint="given"))
     if tp.tasks and with_task:
         guessed = tp.predict_tasks([prompts[i] for i in with_task])
         out["task_classifier_accuracy"] = accuracy([tasks[i] for i in with_task], guessed)
@@ -111,9 +196,12 @@ def _header(kind: str, scheme: BucketScheme, total: int, rows: Sequence[Example]
             "num_rows_seen_in_training": total - len(rows)}
 
 
-_ORDER = ("kind", "scheme", "n", "accuracy", "accuracy_without_task_hint", "accuracy_predicted_task_hint",
-          "accuracy_fp32", "accuracy_bf16", "quantized", "majority_baseline_accuracy", "prompt_length_baseline_accuracy",
-          "task_classifier_accuracy", "task_n", "num_tasks", "num_rows_seen_in_training", "train_seconds")
+_ORDER = ("kind", "scheme", "n", "accuracy", "kendall_tau", "spearman_rho", "mae_tokens", "p50_coverage",
+          "p90_coverage", "within_model_kendall_tau", "majority_baseline_accuracy", "test_majority_accuracy",
+          "prompt_length_baseline_accuracy", "prompt_length_baseline_kendall_tau", "accuracy_without_task_hint",
+          "accuracy_predicted_task_hint", "accuracy_fp32", "accuracy_bf16", "accuracy_int8", "kendall_tau_fp32",
+          "kendall_tau_bf16", "kendall_tau_int8", "precision", "quantized", "task_classifier_accuracy", "task_n",
+          "num_tasks", "num_rows_seen_in_training", "train_seconds")
 
 
 def _ordered(d: dict[str, Any]) -> dict[str, Any]:

@@ -64,7 +64,7 @@ class MetadataPredictor:
     def predict(self, requests: Sequence[Request]) -> list[Prediction]:
         buckets = self.predict_buckets([r.prompt_tokens for r in requests], [r.task for r in requests])
         exp = self.config.bucket_expected_tokens
-        return [Prediction(b, int(exp[b])) for b in buckets]
+        return [Prediction(b, int(exp[b]), int(exp[b]), self.scheme.upper_bound(b)) for b in buckets]
 
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)

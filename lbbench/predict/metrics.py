@@ -5,6 +5,10 @@ The prompt-length baseline cuts the training prompts' token counts into
 quantile bins and predicts each bin's most common output bucket; it is plain
 JSON, so learned predictors also use it as their fallback for requests that
 carry no prompt text.
+
+Ranking and calibration (what length-aware routers need): Kendall's tau-b and
+Spearman's rho between predicted and true lengths, mean absolute error in
+tokens, and the coverage of a predicted quantile.
 """
 
 from __future__ import annotations
@@ -73,3 +77,76 @@ def bucket_metrics(true: Sequence[int], pred: Sequence[int], num_buckets: int) -
                            "precision": tp / predicted if predicted else None,
                            "recall": tp / support if support else None})
     return {"accuracy": accuracy(true, pred), "per_bucket": per_bucket, "confusion": confusion}
+
+
+# --------------------------------------------------------------------------- ranking and calibration
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b (ties in either variable corrected for); NaN when
+    fewer than two rows or either side is constant. O(n^2), chunked."""
+    import numpy as np
+
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError("x and y differ in length")
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    concordant_minus_discordant = 0.0
+    tied_x = tied_y = 0.0  # pairs tied in x (resp. y), counted over i < j
+    chunk = max(1, 2_000_000 // n)
+    for s in range(0, n, chunk):
+        da = np.sign(a[s:s + chunk, None] - a[None, :])
+        db = np.sign(b[s:s + chunk, None] - b[None, :])
+        concordant_minus_discordant += float((da * db).sum())
+        tied_x += float((da == 0).sum())
+        tied_y += float((db == 0).sum())
+    pairs = n * (n - 1)  # ordered pairs; the diagonal is tied in both and is removed below
+    tied_x -= n
+    tied_y -= n
+    denom = ((pairs - tied_x) * (pairs - tied_y)) ** 0.5
+    return concordant_minus_discordant / denom if denom > 0 else float("nan")
+
+
+def average_ranks(x: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    ranks = [0.0] * len(x)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
+    """Pearson correlation of the average ranks; NaN when undefined."""
+    if len(x) != len(y):
+        raise ValueError("x and y differ in length")
+    if len(x) < 2:
+        return float("nan")
+    rx, ry = average_ranks(x), average_ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else float("nan")
+
+
+def mae(true: Sequence[float], pred: Sequence[float]) -> float:
+    if len(true) != len(pred):
+        raise ValueError("true and pred differ in length")
+    return sum(abs(t - p) for t, p in zip(true, pred)) / len(true) if true else float("nan")
+
+
+def coverage(true: Sequence[float], upper: Sequence[float]) -> float:
+    """Share of rows whose true value is at or below the predicted quantile
+    (a calibrated p90 covers 0.90)."""
+    if len(true) != len(upper):
+        raise ValueError("true and upper differ in length")
+    return sum(t <= u for t, u in zip(true, upper)) / len(true) if true else float("nan")

@@ -217,7 +217,7 @@ class TextPredictor:
             for i, b in zip(with_text, got):
                 buckets[i] = b
         exp = self.config.bucket_expected_tokens
-        return [Prediction(int(b), int(exp[b])) for b in buckets]
+        return [Prediction(int(b), int(exp[b]), int(exp[b]), self.scheme.upper_bound(int(b))) for b in buckets]
 
     # -- persistence --------------------------------------------------------------------
     def save(self, out_dir: str | Path) -> Path:

@@ -80,9 +80,12 @@ def test_scheme_roundtrip_and_validation():
 def test_oracles():
     s = paper_scheme()
     reqs = _reqs([3, 30, 3000])
-    assert OraclePredictor(s).predict(reqs) == [Prediction(0, 3), Prediction(1, 30), Prediction(4, 3000)]
-    assert BucketOraclePredictor(s).predict(reqs) == [Prediction(0, 25), Prediction(1, 100),
-                                                       Prediction(4, 4096)]
+    assert OraclePredictor(s).predict(reqs) == [Prediction(0, 3, 3, 3), Prediction(1, 30, 30, 30),
+                                                Prediction(4, 3000, 3000, 3000)]
+    assert BucketOraclePredictor(s).predict(reqs) == [Prediction(0, 25, 25, 25), Prediction(1, 100, 100, 100),
+                                                       Prediction(4, 4096, 4096, 4096)]
+    # a prediction without a distribution reads its quantiles as the point estimate
+    assert (Prediction(2, 150).p50, Prediction(2, 150).p90, Prediction(2, 150, 120, 300).p90) == (150, 150, 300)
     assert isinstance(OraclePredictor(s), Predictor)
 
 
@@ -91,7 +94,7 @@ def test_load_predictor_specs():
     assert load_predictor("bucket_oracle", scheme="equal250").scheme.name == "equal250"
     p = load_predictor("noisy:0.8", seed=3)
     assert isinstance(p, NoisyPredictor) and p.accuracy == 0.8 and p.seed == 3
-    for bad in ("nope", "noisy:x", "noisy:1.5", "text:", "oracle:3", ""):
+    for bad in ("nope", "noisy:x", "noisy:1.5", "text:", "oracle:3", "", "text:d?colour=red", "text:d?model"):
         with pytest.raises(PredictorSpecError, match="--predictor"):
             load_predictor(bad)
 

@@ -37,3 +37,49 @@ def test_length_baseline_predicts_seen_buckets(rows):
     assert set(b.predict(list(xs) + [0, 10**6])) <= set(ys)
     # never worse than the majority bucket on its own training data
     assert accuracy(ys, b.predict(xs)) >= accuracy(ys, [majority_bucket(ys)] * len(ys)) - 1e-9
+
+
+# --------------------------------------------------------------------------- ranking and calibration
+
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+from lbbench.predict.metrics import average_ranks, coverage, kendall_tau, mae, spearman_rho  # noqa: E402
+
+
+def test_kendall_tau_hand_computed():
+    # 6 pairs: 5 concordant, 1 discordant -> (5 - 1) / 6
+    assert kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # tau-b with a tie in x: pairs (0,1) tied in x, (0,2) and (1,2) concordant
+    # -> 2 / sqrt((3 - 1) * (3 - 0))
+    assert kendall_tau([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / math.sqrt(6))
+    assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(kendall_tau([1, 1, 1], [1, 2, 3])) and math.isnan(kendall_tau([1], [2]))
+
+
+def test_spearman_rho_hand_computed():
+    # ranks equal the values; d = (0, 1, 1, 0): 1 - 6 * 2 / (4 * 15)
+    assert spearman_rho([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert average_ranks([10, 20, 20, 5]) == [2.0, 3.5, 3.5, 1.0]
+    # with ties: ranks x (1.5, 1.5, 3), y (1, 2, 3) -> Pearson of those
+    assert spearman_rho([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254, abs=1e-6)
+
+
+def test_mae_and_coverage_hand_computed():
+    assert mae([10, 20, 30], [12, 20, 25]) == pytest.approx(7 / 3)
+    assert coverage([1, 5, 10], [2, 5, 9]) == pytest.approx(2 / 3)
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=2, max_size=60))
+def test_rank_correlations_are_bounded_symmetric_and_monotone_invariant(rows):
+    x, y = [a for a, _ in rows], [b for _, b in rows]
+    t, r = kendall_tau(x, y), spearman_rho(x, y)
+    if math.isnan(t):
+        assert len(set(x)) == 1 or len(set(y)) == 1
+        return
+    assert -1 - 1e-9 <= t <= 1 + 1e-9 and -1 - 1e-9 <= r <= 1 + 1e-9
+    assert kendall_tau(y, x) == pytest.approx(t)
+    assert kendall_tau([v ** 3 + 7 for v in x], y) == pytest.approx(t)  # strictly increasing map
+    assert kendall_tau([-v for v in x], y) == pytest.approx(-t)
+    assert spearman_rho([math.exp(v / 10) for v in x], y) == pytest.approx(r)
