@@ -93,3 +93,155 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
     click.echo(f"  KV: {kv['num_kv_blocks']} blocks of {kv['block_size']} "
                f"({kv['num_kv_blocks'] * kv['block_size']} tokens)")
     click.echo(f"wrote {path}")
+
+
+@profile.command("measure")
+@click.option("--endpoint", multiple=True, help="A running vLLM server (base URL); repeat for several "
+                                                "instances of one configuration (their points are pooled).")
+@click.option("--launch", "launch_model", default=None,
+              help="Start one vLLM server for this model (`tiny`: the tiny local model) and measure it.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Profile TOML to write.")
+@click.option("--name", default=None, help="Profile name (default: the file name).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=64, show_default=True,
+              help="The engine's max_num_seqs (passed to the server with --launch).")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=16), default=2048, show_default=True,
+              help="The engine's token budget per step (passed to the server with --launch).")
+@click.option("--chunked-prefill", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Chunked prefill as the engine runs it (vLLM V1's default is on).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Repeats of each prefill point.")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --launch: servers to start (the machine's cores split between them, as `lbbench launch` "
+                   "does); each is measured in turn and the points pooled. Measure with the split you will run.")
+@click.option("--hardware", default=None, help="What the engine runs on, for the profile (default: a guess).")
+@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False),
+              help="Python of the vLLM environment (with --launch).")
+@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/measure-logs", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8150, show_default=True,
+              help="Port for the launched server.")
+def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, name: str | None, max_num_seqs: int,
+                max_num_batched_tokens: int, chunked_prefill: str, repeats: int, instances: int,
+                hardware: str | None,
+                vllm_python: str | None, log_dir: str, port: int) -> None:
+    """Fit a profile to a live vLLM: a sweep of prefill sizes, decode batch sizes and context lengths, KV blocks
+    read from the engine, least-squares step-time coefficients with residuals in [source]."""
+    import contextlib
+    import platform
+
+    from .harness.launcher import launch, visible_gpus
+    from .profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
+
+    if bool(endpoint) == (launch_model is not None):
+        raise click.UsageError("give exactly one of --endpoint URL or --launch MODEL")
+    chunked = chunked_prefill == "on"
+    if hardware is None:
+        gpus = visible_gpus()
+        hardware = f"{len(gpus)} GPU(s)" if gpus else f"CPU ({platform.machine()}, vLLM CPU build)"
+    if launch_model is not None:
+        ctx = launch(launch_model, instances, chunked_prefill=chunked, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens, vllm_python=vllm_python,
+                     log_dir=log_dir, port_base=port, extra_args=["--no-enable-prefix-caching"])
+    else:
+        ctx = contextlib.nullcontext(list(endpoint))
+    with ctx as urls:
+        m = run_sweep(list(urls), sweep=Sweep(repeats=repeats), max_num_seqs=max_num_seqs,
+                      progress=lambda what: click.echo(f"  measured {what}", err=True))
+    out_path = Path(out)
+    obs_path = out_path.with_suffix(".observations.json")
+    obs_path.parent.mkdir(parents=True, exist_ok=True)
+    obs_path.write_text(observations_json(m))
+    prof = fit_profile(m, name=name or out_path.stem, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked, hardware=hardware)
+    write_profile_toml(prof, out_path)
+    s = prof["step"]
+    click.echo(f"{prof['name']}: step = {s['base_s'] * 1e3:.2f} ms + {s['prefill_token_s'] * 1e6:.2f} us/prefill "
+               f"token + {s['decode_seq_s'] * 1e6:.2f} us/decode seq + {s['context_token_s'] * 1e9:.2f} ns/context "
+               f"token; R2 {prof['measure']['r2']:.4f}; KV {prof['kv']['num_kv_blocks']} blocks of "
+               f"{prof['kv']['block_size']}")
+    click.echo(f"wrote {out_path} (points in {obs_path})")
+    if not m.complete:
+        raise MeasureError(f"sweep incomplete ({m.error}); {out_path} is marked complete = false")
+
+
+@click.command("fidelity")
+@click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
+@click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each.")
+@click.option("--launch", "launch_model", default=None,
+              help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured as "
+                   "the profile says (max_num_seqs, token budget, chunked prefill; prefix caching off).")
+@click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch.")
+@click.option("--workload", default="poisson", show_default=True,
+              help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace).")
+@click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead.")
+@click.option("--prompt-tokens", default="128", show_default=True, help="Poisson workload prompt lengths: N or MEAN:CV (lognormal).")
+@click.option("--output-tokens", default="128", show_default=True, help="Poisson workload output lengths: N or MEAN:CV.")
+@click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
+              help="Comma-separated routers to compare.")
+@click.option("--requests", type=click.IntRange(min=1), default=150, show_default=True)
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="Arrival rate (req/s); with --trace, the trace is rescaled to it.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Live replays per router, interleaved by router.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@click.option("--max-error-pct", type=click.FloatRange(min=0), default=None,
+              help="Exit 1 when any router's mean E2E error exceeds this (a regression gate).")
+@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/fidelity-logs", show_default=True)
+@click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
+                 workload: str, trace: str | None, prompt_tokens: str, output_tokens: str, routers: str,
+                 requests: int, rate: float, repeats: int, seed: int, predictor: str,
+                 max_error_pct: float | None, vllm_python: str | None, log_dir: str, port_base: int,
+                 fmt: str) -> None:
+    """Replay the same requests live and in the simulator with the same routers; report per router the error
+    of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
+    same way (Kendall tau)."""
+    import contextlib
+
+    from .experiment import RunConfig, build_requests
+    from .harness.launcher import launch
+    from .predict import annotate, load_predictor
+    from .profiles import load_profile
+    from .profiling.fidelity import run_fidelity
+
+    if bool(endpoint) == (launch_model is not None):
+        raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
+    names = [r.strip() for r in routers.split(",") if r.strip()]
+    prof = load_profile(profile_name)
+    cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
+                    seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
+    reqs = annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
+    if launch_model is not None:
+        ctx = launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
+                     max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
+                     log_dir=log_dir, port_base=port_base, extra_args=["--no-enable-prefix-caching"])
+    else:
+        ctx = contextlib.nullcontext(list(endpoint))
+    with ctx as urls:
+        tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed,
+                                 progress=lambda what: click.echo(f"  {what}", err=True))
+    worst = max(abs(r.mean_e2e_error_pct) for r in rows)
+    if fmt == "json":
+        click.echo(json.dumps({"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
+                               "routers": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title=f"fidelity: {prof.name}, {len(reqs)} requests, {repeats} live repeats, rank tau {tau:+.2f}")
+        for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %",
+                    "live TTFT s", "sim TTFT s", "TTFT err %", "TBT err %", "live/sim p99 E2E s"):
+            t.add_column(col, justify="left" if col == "router" else "right")
+        for r in rows:
+            t.add_row(r.router, f"{r.live['mean_e2e_s']:.3f}", f"{r.sim['mean_e2e_s']:.3f}",
+                      f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{r.e2e_mape_pct:.1f}",
+                      f"{r.live['mean_ttft_s']:.3f}", f"{r.sim['mean_ttft_s']:.3f}", f"{r.ttft_mean_error_pct:+.1f}",
+                      f"{r.tbt_mean_error_pct:+.1f}", f"{r.live['p99_e2e_s']:.2f} / {r.sim['p99_e2e_s']:.2f}")
+        Console().print(t)
+    if max_error_pct is not None and worst > max_error_pct:
+        click.echo(f"Error: mean E2E error {worst:.1f} % exceeds --max-error-pct {max_error_pct:g}", err=True)
+        raise SystemExit(1)
+
+
+fidelity = fidelity_cmd

@@ -1,0 +1,136 @@
+"""``lbbench fidelity``: the same requests, the same routers, live and in the simulator, compared.
+
+For each router the requests are replayed against the live endpoints ``repeats`` times (interleaved: repeat
+``k`` runs every router before repeat ``k + 1`` starts, in a rotated order, so drift on a shared machine hits
+every router alike) and simulated once with the profile. Per router it reports live and simulated mean, p50 and
+p99 E2E and TTFT and mean TBT, the relative error of each simulated mean against the live mean over repeats,
+the per-request E2E MAPE (simulated against each live repeat, averaged), and the live run-to-run spread of the
+mean E2E ((max - min) / mean over repeats): an error inside the spread is noise, not bias. ``rank_tau`` is
+Kendall's τ between the routers' live and simulated mean E2E.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import polars as pl
+
+from ..core import Request, RequestRecord
+from ..profiles import Profile
+
+
+@dataclass
+class RouterFidelity:
+    router: str
+    live: dict[str, float]  # mean over repeats of each statistic
+    sim: dict[str, float]
+    live_spread_pct: float
+    mean_e2e_error_pct: float
+    e2e_mape_pct: float
+    ttft_mean_error_pct: float
+    tbt_mean_error_pct: float
+    live_mean_e2e_by_repeat_s: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"router": self.router, "live_mean_e2e_s": self.live["mean_e2e_s"],
+                "sim_mean_e2e_s": self.sim["mean_e2e_s"], "live_spread_pct": self.live_spread_pct,
+                "mean_e2e_error_pct": self.mean_e2e_error_pct, "e2e_mape_pct": self.e2e_mape_pct,
+                "ttft_mean_error_pct": self.ttft_mean_error_pct, "tbt_mean_error_pct": self.tbt_mean_error_pct,
+                "live": self.live, "sim": self.sim, "live_mean_e2e_by_repeat_s": self.live_mean_e2e_by_repeat_s}
+
+
+STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "mean_tbt_s")
+
+
+def _frame(records: Sequence[RequestRecord]) -> pl.DataFrame:
+    from ..reports.summary import derive
+    df = pl.DataFrame([r.as_dict() for r in records], infer_schema_length=None)
+    return derive(df).filter(pl.col("error").is_null() & pl.col("finish_s").is_not_null()).collect()
+
+
+def stats(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """The compared statistics of one run (completed requests)."""
+    df = _frame(records)
+    e2e, ttft = df["e2e_s"], df["ttft_s"]
+    tbt = df["tbt_mean_s"].drop_nulls()
+    return {"mean_e2e_s": float(e2e.mean()), "p50_e2e_s": float(e2e.quantile(0.5, "linear")),
+            "p99_e2e_s": float(e2e.quantile(0.99, "linear")), "mean_ttft_s": float(ttft.mean()),
+            "p50_ttft_s": float(ttft.quantile(0.5, "linear")), "p99_ttft_s": float(ttft.quantile(0.99, "linear")),
+            "mean_tbt_s": float(tbt.mean()) if len(tbt) else float("nan"), "completed": df.height}
+
+
+def e2e_mape_pct(sim: Sequence[RequestRecord], live: Sequence[RequestRecord]) -> float:
+    """Mean over requests completed in both of |sim E2E - live E2E| / live E2E, in percent."""
+    a = _frame(sim).select("request_id", pl.col("e2e_s").alias("sim"))
+    b = _frame(live).select("request_id", pl.col("e2e_s").alias("live"))
+    j = a.join(b, on="request_id").filter(pl.col("live") > 0)
+    return float(((j["sim"] - j["live"]).abs() / j["live"]).mean() * 100.0)
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's τ-a between two equally long sequences (ties count zero)."""
+    n = len(x)
+    if n < 2:
+        return float("nan")
+    s = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += int(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j]))
+    return s / (n * (n - 1) / 2)
+
+
+def _err(sim: float, live: float) -> float:
+    return 100.0 * (sim - live) / live if live else float("nan")
+
+
+def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
+            live_runs: dict[str, list[list[RequestRecord]]]) -> tuple[float, list[RouterFidelity]]:
+    """(rank_tau, per-router comparison) from simulated and repeated live records."""
+    out = []
+    for name in routers:
+        sim = stats(sim_runs[name])
+        reps = [stats(r) for r in live_runs[name]]
+        live = {k: float(np.mean([r[k] for r in reps])) for k in STATS}
+        means = [r["mean_e2e_s"] for r in reps]
+        spread = 100.0 * (max(means) - min(means)) / float(np.mean(means)) if len(means) > 1 else 0.0
+        mape = float(np.mean([e2e_mape_pct(sim_runs[name], r) for r in live_runs[name]]))
+        out.append(RouterFidelity(
+            router=name, live=live, sim={k: sim[k] for k in STATS}, live_spread_pct=spread,
+            mean_e2e_error_pct=_err(sim["mean_e2e_s"], live["mean_e2e_s"]), e2e_mape_pct=mape,
+            ttft_mean_error_pct=_err(sim["mean_ttft_s"], live["mean_ttft_s"]),
+            tbt_mean_error_pct=_err(sim["mean_tbt_s"], live["mean_tbt_s"]), live_mean_e2e_by_repeat_s=means))
+    tau = kendall_tau([r.live["mean_e2e_s"] for r in out], [r.sim["mean_e2e_s"] for r in out])
+    return tau, out
+
+
+def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequence[str], endpoints: Sequence[str],
+                 *, repeats: int = 3, seed: int = 0, router_options: dict | None = None,
+                 progress: Callable[[str], None] = lambda what: None) -> tuple[float, list[RouterFidelity]]:
+    """Replay ``requests`` live ``repeats`` times per router (interleaved) and once in the simulator."""
+    from ..harness.replay import run_replay
+    from ..routers import get_router
+    from ..sim.cluster import ClusterSim
+
+    opts = router_options or {}
+    n = len(endpoints)
+    specs = [profile.instance_spec()] * n  # the same InstanceSpec reaches the routers in both
+
+    def router(name: str):
+        return get_router(name, num_instances=n, seed=seed, profile=profile, **opts.get(name, {}))
+
+    sim_runs = {}
+    for name in routers:
+        sim_runs[name] = ClusterSim(profile, n, requests, seed=seed, run_id="fidelity-sim").run(router(name))
+    live_runs: dict[str, list[list[RequestRecord]]] = {name: [] for name in routers}
+    for k in range(repeats):
+        order = list(routers[k % len(routers):]) + list(routers[:k % len(routers)])
+        for name in order:
+            res = run_replay(requests, router(name), endpoints, specs=specs, run_id=f"fidelity-live-{k}",
+                             seed=seed, min_step_s=profile.min_step_s, scrape_interval_s=None)
+            if not res.complete:
+                raise RuntimeError(f"live replay of {name} (repeat {k + 1}) did not complete")
+            live_runs[name].append(res.records)
+            progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(res.records)['mean_e2e_s']:.3f} s")
+    return compare(routers, sim_runs, live_runs)

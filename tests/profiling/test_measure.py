@@ -1,0 +1,77 @@
+"""Profile measurement: the fit recovers known coefficients, a partial sweep is kept and marked, and an endpoint
+that is not vLLM is refused with one line."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from lbbench.cli import main
+from lbbench.cli_profile import write_profile_toml
+from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+from lbbench.profiles import load_profile
+from lbbench.profiling.measure import (EngineInfo, Measurement, MeasureError, Observation, fit_profile,
+                                       fit_step_model)
+
+TRUE = dict(api_overhead_s=0.004, base_s=0.008, prefill_token_s=1.5e-4, decode_seq_s=2e-4, context_token_s=5e-7)
+
+
+def _points(noise_s: float = 0.0, seed: int = 0) -> list[Observation]:
+    rng = np.random.default_rng(seed)
+    obs = []
+    for p in (16, 64, 256, 1024, 2048):
+        t = TRUE["api_overhead_s"] + TRUE["base_s"] + TRUE["prefill_token_s"] * p
+        obs.append(Observation("ttft", p, 0, 0, t + rng.normal(0, noise_s)))
+    for b in (1, 4, 16, 64):
+        for c in (16, 512, 1536):
+            ctx = b * (c + 24)
+            t = TRUE["base_s"] + TRUE["decode_seq_s"] * b + TRUE["context_token_s"] * ctx
+            obs.append(Observation("step", 0, b, ctx, t + rng.normal(0, noise_s)))
+    return obs
+
+
+def test_fit_recovers_known_coefficients():
+    fit = fit_step_model(_points())
+    for k, v in TRUE.items():
+        assert fit[k] == pytest.approx(v, rel=1e-6)
+    assert fit["r2"] == pytest.approx(1.0)
+    noisy = fit_step_model(_points(noise_s=2e-4))
+    assert noisy["prefill_token_s"] == pytest.approx(TRUE["prefill_token_s"], rel=0.05)
+    assert all(noisy[k] >= 0 for k in TRUE)
+
+
+def test_fit_keeps_coefficients_non_negative():
+    obs = [Observation("step", 0, b, 10.0 * b, 0.01 - 1e-5 * b) for b in (1, 2, 4, 8, 16, 32)]
+    obs += [Observation("ttft", p, 0, 0, 0.01 + 1e-4 * p) for p in (16, 256, 1024)]
+    fit = fit_step_model(obs)
+    assert fit["decode_seq_s"] == 0.0 and fit["context_token_s"] == 0.0
+
+
+def test_partial_measurement_is_written_and_marked(tmp_path):
+    info = EngineInfo("http://x", "tiny", "0.32.0", 128, 2048, 4096, False)
+    m = Measurement(info, _points(), complete=False, error="request failed during the sweep: HTTP 500")
+    prof = fit_profile(m, name="p", max_num_seqs=64, max_num_batched_tokens=2048, chunked_prefill=True,
+                       hardware="test")
+    path = write_profile_toml(prof, tmp_path / "p.toml")
+    data = tomllib.loads(path.read_text())
+    assert data["measure"]["complete"] is False and "HTTP 500" in data["measure"]["error"]
+    assert "INCOMPLETE" in data["source"]["method"]
+    p = load_profile(path)
+    assert p.num_kv_blocks == 2048 and p.block_size == 128
+    assert p.prefill_token_s == pytest.approx(TRUE["prefill_token_s"], rel=1e-3)
+
+
+def test_too_few_points_is_an_error():
+    with pytest.raises(MeasureError, match="too few"):
+        fit_step_model(_points()[:3])
+
+
+def test_measure_refuses_an_endpoint_that_is_not_vllm(tmp_path):
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 1)) as fleet:
+        res = CliRunner().invoke(main, ["profile", "measure", "--endpoint", fleet.endpoints[0],
+                                        "--out", str(tmp_path / "m.toml")])
+    assert res.exit_code == 2
+    assert "not a vLLM server" in res.output and len(res.output.strip().splitlines()) == 1
