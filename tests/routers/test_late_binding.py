@@ -301,13 +301,14 @@ def test_simulated_kv_bound_run_beats_round_robin_with_fewer_preemptions():
 
 def test_response_ratio_lets_a_long_request_overtake_once_it_has_waited_long_enough():
     state = _state(n=1, cap=100_000)
-    r = _router(n=1, profile=tiny_profile(prefill_token_s=0.0, min_step_s=0.02))
+    r = _router(n=1, profile=tiny_profile(prefill_token_s=0.0, min_step_s=0.02), order="hrrn")
     long_req = req(1, 0.0, 50, 400)  # service 8 s
     # waited 10 s = 1.25 services; the short one waited 1 s = 2.5 services
     assert r.route([long_req, req(2, 9.0, 50, 20)], state.view(detail=True), 10.0).queue_index == 1
     # waited 30 s = 3.75 services; a fresh short one waited 2.5 services
     assert r.route([long_req, req(3, 29.0, 50, 20)], state.view(detail=True), 30.0).queue_index == 0
-    # a static order never lets it overtake (until the hard bound)
+    # a static order (the default, shortest predicted service first) never lets it overtake
+    assert LateBindingParams().order == "job_time"
     s = _router(n=1, order="kv_time")
     assert s.route([long_req, req(4, 29.0, 50, 20)], state.view(detail=True), 30.0).queue_index == 1
 
