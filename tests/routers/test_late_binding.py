@@ -314,22 +314,29 @@ def test_response_ratio_lets_a_long_request_overtake_once_it_has_waited_long_eno
 
 
 @pytest.mark.slow
-def test_paper_setup_target_one_seed():
-    """The headline: 4 x V100, paper mix at 20 req/s, the paper's predictor accuracy."""
+def test_paper_setup_against_the_strongest_baseline_one_seed():
+    """4 x V100, paper mix at 20 req/s, the paper's predictor accuracy, a seed outside
+    the tuning ones: on an FCFS engine the router recovers the priority policy's gain
+    (within 5 % of jsq on vLLM's priority scheduler, the strongest baseline there) and
+    beats the same engine under any head-of-queue router by far."""
     from lbbench.experiment import RunConfig, build_requests
     from lbbench.predict import annotate, load_predictor
     from lbbench.profiles import load_profile
 
     prof = load_profile("llama2-7b-v100")
-    cfg = RunConfig(instances=4, rate_per_s=20.0, requests=2000, predictor="noisy:0.79")
-    reqs = annotate(build_requests(cfg, prof, 0, None), load_predictor("noisy:0.79", profile=prof))
+    cfg = RunConfig(instances=4, rate_per_s=20.0, requests=1000, predictor="noisy:0.79")
+    reqs = annotate(build_requests(cfg, prof, 7, None), load_predictor("noisy:0.79", profile=prof, seed=7))
 
-    def run(name):
-        recs = ClusterSim(prof, 4, reqs).run(get_router(name, num_instances=4, profile=prof))
+    def run(name, sched):
+        recs = ClusterSim(prof, 4, reqs, instance_scheduler=sched).run(get_router(name, num_instances=4,
+                                                                                 profile=prof))
+        waits = np.array([x.dispatch_s - x.arrival_s for x in recs])
         e2e = np.array([x.finish_s - x.arrival_s for x in recs if x.error is None])
-        return e2e.mean(), np.percentile(e2e, 99)
+        return e2e.mean(), waits.max()
 
-    rr_mean, rr_p99 = run("round_robin")
-    lb_mean, lb_p99 = run(NAME)
-    assert lb_mean <= 0.77 * rr_mean  # >= 23 % better
-    assert lb_p99 <= rr_p99
+    jsq_prio, _ = run("jsq", "priority")
+    jsq_fcfs, _ = run("jsq", "fcfs")
+    lb_mean, lb_wait = run(NAME, "fcfs")
+    assert lb_mean <= 1.05 * jsq_prio
+    assert lb_mean <= 0.7 * jsq_fcfs
+    assert lb_wait <= LateBindingParams().max_wait_s + prof.min_step_s + 1e-9
