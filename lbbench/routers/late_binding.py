@@ -312,7 +312,7 @@ class _Gate:
 
 
 @register("late_binding_srpt", "holds requests until an instance has KV headroom for their predicted "
-          "footprint; shortest predicted job first with an aging bound")
+          "footprint; shortest predicted job first; no request waits longer than max_wait_s")
 class LateBindingRouter:
     """See the module docstring. ``params`` may be given as keyword arguments
     (``kv_slack=0.1``) or as a ``LateBindingParams``."""
