@@ -4,7 +4,7 @@ Builds a realistic cluster state — paper-mix at 20 req/s on ``--instances``
 simulated instances of ``--profile``, routed round robin up to ``--at-s``
 seconds of virtual time (hundreds of outstanding requests per instance) — then
 times ``router.route(queue, view, now_s)`` for the ``wgrl`` router: features,
-action mask, the MLP forward pass and the argmax. It also times the same call
+action mask, the out-of-distribution check, the MLP forward pass and the argmax. It also times the same call
 plus building the ``ClusterView`` snapshot (what the dispatcher does before
 every decision). Median and p99 over ``--repeats`` calls, in microseconds.
 
@@ -55,8 +55,9 @@ def make_router(profile, num_instances: int, tmp: str) -> tuple[WorkloadGuidedRL
         dims = [spec.obs_dim, hidden, hidden, num_instances + 1]
         weights = [(rng.normal(0, 0.1, (a, b)).astype(np.float32), np.zeros(b, np.float32))
                    for a, b in zip(dims, dims[1:])]
+        wide = [1e9] * spec.obs_dim  # a range every state is inside: the guard is checked, never taken
         QPolicy(weights, {"num_instances": num_instances, "feature_spec": spec.as_dict(),
-                          "max_defer_s": 30.0}).save(tmp)
+                          "max_defer_s": 30.0, "obs_low": [-x for x in wide], "obs_high": wide}).save(tmp)
         return WorkloadGuidedRL(num_instances, checkpoint=tmp), "random weights"
 
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         with_view_us = time_calls(lambda: router.route(queue, sim.view(), now), args.repeats)
     print(f"wgrl decision, {args.profile} x{args.instances} ({which}, obs {router.spec.obs_dim}, "
           f"{outstanding} outstanding requests, queue {len(queue)}), {args.repeats} calls:")
-    for label, us in (("route (features + mask + MLP + argmax)", route_us),
+    for label, us in (("route (features, mask, OOD check, MLP)", route_us),
                       ("view snapshot + route", with_view_us)):
         print(f"  {label:<40} median {np.median(us):7.1f} us   p99 {np.percentile(us, 99):7.1f} us")
     return 0

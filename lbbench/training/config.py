@@ -58,6 +58,8 @@ class TrainConfig:
     """Mixing estimator for the guidance: paper (r_mix over the KV held) or interference."""
     n_step: int = 1
     """n-step returns (deviation; 1 = the paper's one-step Double-DQN target)."""
+    reward_centering: bool = False
+    """Deviation: subtract the running mean reward per decision epoch (times the epochs a transition spans) from every reward, so discounting no longer favours actions that let time pass (with costs only, a defer postpones them)."""
     bootstrap_end: bool = False
     """Deviation: do not treat the end of an episode's routing as terminal; bootstrap from the last state (the trace goes on)."""
     batch_size: int = 512

@@ -10,7 +10,11 @@ transition's discount from ``RewardConfig.transition_discount`` — ``γ_k`` per
 decision epoch Δt of virtual time it spans (see ``env``) — and with ``n_step >
 1`` ``R``/``Γ`` are the discounted sum and product over ``n`` transitions.
 With ``bootstrap_end`` the last routing decision of an episode is not
-terminal: its target bootstraps from the state the drain starts in. ε decays linearly
+terminal: its target bootstraps from the state the drain starts in. With
+``reward_centering`` each stored reward is ``r - r̄ · epochs``, ``r̄`` the mean
+reward per decision epoch over every transition collected so far (reward
+centering, Naik et al. 2024): with rewards that are mostly costs, discounting
+otherwise makes any action that lets time pass (a defer) look cheaper. ε decays linearly
 from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
 ``explore_episodes`` on (the paper stops exploring after episode 20).
 
@@ -227,6 +231,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     rows: list[dict] = []
     best: tuple[float, QPolicy] | None = None
     step = 0
+    sum_reward, sum_epochs = 0.0, 0.0  # for reward centering
     t_start = time.perf_counter()
     bar = _progress_bar(progress, cfg)
     for episode in range(cfg.episodes):
@@ -246,6 +251,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                 action = int(np.argmax(np.where(mask, qv, -np.inf)))
             next_obs, reward, terminated, truncated, info = env.step(action)
             disc = reward_cfg.transition_discount(episode, info["epochs"])
+            ep_reward += reward
+            sum_reward += reward
+            sum_epochs += info["epochs"]
+            if cfg.reward_centering and sum_epochs > 0:
+                reward -= sum_reward / sum_epochs * info["epochs"]
             if terminated and cfg.bootstrap_end:  # the stream goes on: bootstrap, do not terminate
                 ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, info["bootstrap_obs"],
                                    info["bootstrap_mask"], False) + nstep.flush(
@@ -258,7 +268,6 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             for t in ready:
                 buf.add(*t)
             obs, done = next_obs, terminated or truncated
-            ep_reward += reward
             n_dec += 1
             n_defer += action == cfg.instances
             step += 1

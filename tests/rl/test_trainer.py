@@ -64,10 +64,11 @@ def test_checkpoint_records_what_it_was_trained_on(tmp_path, tiny_cfg):
 
 
 def test_options_train(tmp_path, tiny_cfg):
-    """n-step returns, bootstrapping at the end, literal schedule, per-decision discount all train."""
+    """n-step returns, bootstrapping at the end, reward centering, literal schedule, per-decision
+    discount all train."""
     import dataclasses
     cfg = dataclasses.replace(tiny_cfg, router="wgrl", n_step=3, bootstrap_end=True,
-                              guidance_schedule="literal", discount="decision", estimator="interference",
+                              guidance_schedule="literal", discount="decision", estimator="interference", reward_centering=True,
                               episodes=2, explore_episodes=1)
     curve = tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
     assert curve.height == 2 and curve["td_discount"].to_list() == [0.99, 0.99]
