@@ -52,6 +52,12 @@ class Profile:
     #: engine semantics: "v1" (vLLM V1: one mixed step, running first) or "v0" (vLLM V0 without chunked
     #: prefill: a step prefills waiting requests only, decodes pause; otherwise decode-only steps)
     scheduler: str = "v1"
+    #: latency the serving front end adds between the engine and the client (request intake, streaming); a
+    #: measured profile fits it from time to first token. The simulator adds it to every client-observed time.
+    api_overhead_s: float = 0.0
+    #: automatic prefix caching (``[kv] enable_prefix_caching``; off unless set, so results made without it
+    #: stay put, although vLLM V1 enables it by default)
+    enable_prefix_caching: bool = False
     #: what the profile models physically (``model_config``, ``gpu``, ``dtype``, ``tp``, efficiency factors):
     #: lets ``lbbench profiles`` show the implied prefill MFU and decode bandwidth utilization
     physics: dict[str, Any] = field(default_factory=dict)
@@ -132,6 +138,11 @@ def load_profile(name_or_path: str | Path) -> Profile:
                 raise ProfileError(f"{p}: missing key {section}.{k}")
             kw[k] = tbl[k]
     kw["scheduler"] = str(data["engine"].get("scheduler", "v1"))
+    kw["api_overhead_s"] = float(data["step"].get("api_overhead_s", 0.0))
+    apc = data["kv"].get("enable_prefix_caching", False)
+    if not isinstance(apc, bool):
+        raise ProfileError(f"{p}: kv.enable_prefix_caching must be true or false, not {apc!r}")
+    kw["enable_prefix_caching"] = apc
     prof = Profile(**kw)
     _validate(prof, p)
     return prof
@@ -145,6 +156,8 @@ def _validate(prof: Profile, p: Path) -> None:
     for k in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if int(getattr(prof, k)) <= 0:
             raise ProfileError(f"{p}: {k} must be a positive integer")
+    if prof.api_overhead_s < 0:
+        raise ProfileError(f"{p}: step.api_overhead_s must be >= 0")
     if prof.scheduler not in ("v1", "v0"):
         raise ProfileError(f"{p}: engine.scheduler must be \"v1\" or \"v0\", not {prof.scheduler!r}")
     if prof.min_step_s <= 0:

@@ -118,9 +118,17 @@ class _Driver:
         self.next_id += 1
         return Request(request_id=self.next_id, arrival_s=0.0, prompt_tokens=prompt, output_tokens=output)
 
+    async def one(self, backend, prompt: int, output: int):
+        """One request; resent (with a new prompt) when its connection failed before any token: a pooled
+        keep-alive connection that the server closed just as it was reused is not a measurement."""
+        for _ in range(3):
+            r = await backend.send(self.info.url, self.request(prompt, output))
+            if not (r.connection_error and not r.token_times_s):
+                break
+        return r
+
     async def batch(self, backend, prompt: int, output: int, n: int):
-        results = await asyncio.gather(*(backend.send(self.info.url, self.request(prompt, output))
-                                         for _ in range(n)))
+        results = await asyncio.gather(*(self.one(backend, prompt, output) for _ in range(n)))
         for r in results:
             if r.error is not None:
                 raise MeasureError(f"{self.info.url}: request failed during the sweep: {r.error}")
@@ -169,18 +177,21 @@ async def _sweep(m: Measurement, sweep: Sweep, max_num_seqs: int, progress) -> N
 
 def run_sweep(urls: list[str], *, sweep: Sweep = Sweep(), max_num_seqs: int = 256,
               progress=lambda what: None) -> Measurement:
-    """Drive each engine in ``urls`` (instances of one configuration) through ``sweep``, one after another;
-    the points are pooled. Failures mid-way keep what was measured."""
+    """Drive every engine in ``urls`` (instances of one configuration) through ``sweep`` at the same time, as
+    they will run in a benchmark (on a shared host the instances slow each other down, and the fit should see
+    that); the points are pooled. Failures mid-way keep what was measured."""
     infos = [engine_info(u) for u in urls]
     m = Measurement(infos[0])
     for info in infos:
         if (info.block_size, info.num_blocks, info.model) != (m.engine.block_size, m.engine.num_blocks,
                                                               m.engine.model):
             raise MeasureError(f"{info.url}: not configured like {m.engine.url} (model, KV blocks or block size)")
+    async def all_at_once() -> None:
+        await asyncio.gather(*(_sweep(Measurement(info, m.observations), sweep, max_num_seqs,
+                                      lambda what, _u=info.url: progress(f"{_u}: {what}")) for info in infos))
+
     try:
-        for info in infos:
-            asyncio.run(_sweep(Measurement(info, m.observations), sweep, max_num_seqs,
-                               lambda what, _u=info.url: progress(f"{_u}: {what}")))
+        asyncio.run(all_at_once())
     except (MeasureError, OSError) as exc:
         m.complete, m.error = False, str(exc)
     except KeyboardInterrupt:
@@ -233,7 +244,7 @@ def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched
     base = fit["base_s"]
     if base <= 0:
         raise MeasureError("the fit gave no per-step base time; the sweep is too noisy to use")
-    step = {k: float(f"{fit[k]:.5g}") for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s")}
+    step = {k: float(f"{fit[k]:.5g}") for k in COEFFICIENTS}
     ctx_kinds = sorted({o.decode_seqs for o in m.observations if o.kind == "step"})
     src = (f"lbbench profile measure against vLLM {e.version} at {e.url} ({e.model}): least squares over "
            f"{fit['num_points']} points, R2 {fit['r2']:.4f} (first token {fit['r2_ttft']:.4f}, decode steps "
@@ -252,7 +263,7 @@ def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched
         "mixing": {"grad1": step["prefill_token_s"], "grad2": step["decode_seq_s"], "epsilon": 0.05, "alpha": 0.5,
                    "min_step_s": float(f"{base + step['decode_seq_s']:.5g}")},
         "measure": {"complete": m.complete, **({"error": m.error} if m.error else {}),
-                    "api_overhead_s": float(f"{fit['api_overhead_s']:.4g}"), "r2": round(fit["r2"], 5),
+                    "r2": round(fit["r2"], 5),
                     "rmse_s": float(f"{fit['rmse_s']:.4g}"), "num_points": fit["num_points"],
                     "vllm_version": e.version, "prefix_caching": bool(e.prefix_caching)},
         "source": {
@@ -267,8 +278,8 @@ def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched
             "block_size": f"read from the engine: vllm:cache_config_info block_size = {e.block_size}",
             "max_model_len": "read from the engine's /v1/models",
             "engine": "max_num_seqs, max_num_batched_tokens and chunked prefill as the engine was started",
-            "api_overhead_s": "fitted: latency the API server adds to the first token (not a step cost; "
-                              "the simulator does not charge it)",
+            "api_overhead_s": "fitted: latency the API server adds to the first token beyond the prefill step; "
+                          "the simulator adds it to every time the client observes",
         },
     }
 

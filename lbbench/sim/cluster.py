@@ -13,11 +13,16 @@ Two ways to drive it:
 - step-wise (the Gymnasium environment): ``advance(until_s)`` processes events up
   to a time without routing (arrivals wait in ``queue``), ``dispatch(i, inst)``
   routes ``queue[i]`` through the same dispatcher code path.
+
+Multi-turn sessions run closed loop: a turn after a session's first arrives when
+the previous turn has finished (as the client sees it) plus its ``think_s``, or
+at its own ``arrival_s`` if that is later.
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -46,14 +51,15 @@ class ClusterSim:
                  seed: int = 0, run_id: str = "", check_invariants: bool = False, skip_ahead: bool = True,
                  timeline_interval_s: float | None = None,
                  prompt_buckets: tuple[int, ...] | None = None,
-                 decode_buckets: tuple[int, ...] | None = None):
+                 decode_buckets: tuple[int, ...] | None = None,
+                 prefix_caching: bool | None = None):
         if num_instances < 1:
             raise ValueError("--instances must be >= 1")
         self.profile = profile
         self.seed = seed
         self.run_id = run_id
         self.instances = [SimInstance(profile, i, instance_scheduler, chunked_prefill, check_invariants,
-                                      skip_ahead) for i in range(num_instances)]
+                                      skip_ahead, prefix_caching) for i in range(num_instances)]
         for inst in self.instances:
             inst._on_finish = self._make_finish_hook(inst)
         kw = {}
@@ -62,7 +68,18 @@ class ClusterSim:
         if decode_buckets is not None:
             kw["decode_buckets"] = decode_buckets
         self.state = ClusterState([profile.instance_spec()] * num_instances, **kw)
-        self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self.num_requests = len(requests)
+        # closed-loop sessions: later turns wait for the turn before them (``_next_turn``)
+        self._next_turn: dict[int, Request] = {}
+        last: dict[int, Request] = {}
+        for r in sorted((r for r in requests if r.session_id is not None), key=lambda r: (r.turn or 0, r.request_id)):
+            prev = last.get(r.session_id)  # type: ignore[arg-type]
+            if prev is not None:
+                self._next_turn[prev.request_id] = r
+            last[r.session_id] = r  # type: ignore[index]
+        followers = {r.request_id for r in self._next_turn.values()}
+        self.requests = sorted((r for r in requests if r.request_id not in followers),
+                               key=lambda r: (r.arrival_s, r.request_id))
         self.router_name = ""
         self.records: list[RequestRecord] = []
         self.timeline: list[MetricsSample] = []
@@ -106,20 +123,29 @@ class ClusterSim:
             hi = min(lo + 1, n - 1)
             tbt_p99 = float(gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo))
         gen = r.generated if error is None else 0
+        # the client sees the engine's times later by the front end's latency (0 unless measured)
+        lag = self.profile.api_overhead_s
+        first = r.first_token_s + lag if r.first_token_s is not None else None
         self.records.append(RequestRecord(
             run_id=self.run_id, router=self.router_name, seed=self.seed,
             request_id=req.request_id, task=req.task, instance=inst.index,
             arrival_s=req.arrival_s, dispatch_s=self._dispatch_s[req.request_id],
-            first_token_s=r.first_token_s, finish_s=r.finish_s if error is None else None,
+            first_token_s=first, finish_s=r.finish_s + lag if error is None else None,
             prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens, generated_tokens=gen,
             predicted_output_tokens=req.predicted_output_tokens, predicted_bucket=req.predicted_bucket,
             num_preemptions=r.num_preemptions, tbt_mean_s=tbt_mean, tbt_p99_s=tbt_p99,
-            tbt_max_s=tbt_max, error=error))
+            tbt_max_s=tbt_max, error=error, session_id=req.session_id, turn=req.turn,
+            think_s=req.think_s if req.session_id is not None else None,
+            cached_prompt_tokens=r.cached_tokens if error is None else None))
         self.num_completed += 1
         if error is None:
             self.completions_log.append((r.finish_s, req.request_id))
+        nxt = self._next_turn.pop(req.request_id, None)
+        if nxt is not None:  # the session's next turn: after this answer (as the client saw it) + think time
+            done_s = (r.finish_s + lag) if error is None else self.now_s
+            self._push(max(nxt.arrival_s, done_s + nxt.think_s), _ARRIVAL, nxt)
         if self._progress is not None:
-            self._progress(self.num_completed, len(self.requests))
+            self._progress(self.num_completed, self.num_requests)
 
     def _observe(self, events: list[Event]) -> int:
         """Apply instance events to the dispatcher; returns the number of completions."""
@@ -149,7 +175,7 @@ class ClusterSim:
 
     @property
     def done(self) -> bool:
-        return self.num_completed >= len(self.requests)
+        return self.num_completed >= self.num_requests
 
     @property
     def queue(self) -> Sequence[Request]:
@@ -199,13 +225,18 @@ class ClusterSim:
             self._reschedule(i)
             if done:
                 self._epoch()
+        elif kind == _ARRIVAL:  # a session's next turn
+            req = replace(data, arrival_s=t)  # type: ignore[type-var]
+            self.dispatcher.arrive(req)
+            self._epoch()
         elif kind == _TIMER:
             self._timer_pending = False
             self._epoch()
         elif kind == _SAMPLE:
             for inst in self.instances:
                 self.timeline.append(MetricsSample(inst.index, t, inst.num_running, inst.num_waiting,
-                                                   inst.kv_usage, inst.num_preemptions))
+                                                   inst.kv_usage, inst.num_preemptions,
+                                                   inst.prefix_cache_hit_rate))
             if not self.done:
                 self._push(t + self.timeline_interval_s, _SAMPLE, None)  # type: ignore[operator]
 

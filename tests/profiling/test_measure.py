@@ -75,3 +75,25 @@ def test_measure_refuses_an_endpoint_that_is_not_vllm(tmp_path):
                                         "--out", str(tmp_path / "m.toml")])
     assert res.exit_code == 2
     assert "not a vLLM server" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_api_overhead_shifts_what_the_client_sees():
+    from lbbench.core import Decision, Request
+    from lbbench.sim.cluster import ClusterSim
+
+    class First:
+        name = "first"
+
+        def route(self, queue, view, now_s):
+            return Decision(0, 0)
+
+    base = load_profile("llama3.1-8b-a100")
+    reqs = [Request(i, 0.01 * i, 100, 20) for i in range(5)]
+    plain = {r.request_id: r for r in ClusterSim(base, 1, reqs).run(First())}
+    lagged = {r.request_id: r for r in ClusterSim(base.with_overrides(api_overhead_s=0.004), 1, reqs).run(First())}
+    for i, a in plain.items():
+        b = lagged[i]
+        assert b.dispatch_s == a.dispatch_s
+        assert b.first_token_s == pytest.approx(a.first_token_s + 0.004)
+        assert b.finish_s == pytest.approx(a.finish_s + 0.004)
+        assert b.tbt_mean_s == pytest.approx(a.tbt_mean_s)

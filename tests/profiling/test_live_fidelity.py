@@ -1,0 +1,44 @@
+"""Live tier: measure a profile from real vLLM (CPU build, tiny model, two instances) and check the simulator's
+fidelity against the same engine: the mean E2E error of every router must stay within 15 %.
+
+Needs ``.venv-vllm`` (``make vllm-env``); skipped without it unless ``LBBENCH_REQUIRE_LIVE=1``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from harness.test_live_vllm import _vllm_python_or_skip
+from lbbench.cli import main
+from lbbench.harness.emulator import free_port_range
+from lbbench.profiles import load_profile
+
+pytestmark = pytest.mark.live
+
+
+def test_measure_then_fidelity_on_real_vllm(tmp_path):
+    _vllm_python_or_skip()
+    prof_path = tmp_path / "tiny.toml"
+    port = free_port_range(2)
+    res = CliRunner().invoke(main, ["profile", "measure", "--launch", "tiny", "--instances", "2",
+                                    "--port", str(port), "--out", str(prof_path),
+                                    "--log-dir", str(tmp_path / "measure-logs")])
+    assert res.exit_code == 0, res.output
+    prof = load_profile(prof_path)
+    assert prof.block_size > 0 and prof.num_kv_blocks > 0 and prof.base_s > 0
+    assert prof.source["num_kv_blocks"].startswith("read from the engine")
+
+    port = free_port_range(2)
+    res = CliRunner().invoke(main, [
+        "fidelity", "--profile", str(prof_path), "--launch", "tiny", "--instances", "2", "--port-base", str(port),
+        "--workload", "poisson", "--prompt-tokens", "256:0.5", "--output-tokens", "64:0.5", "--requests", "60",
+        "--rate", "4", "--router", "round_robin,jsq", "--repeats", "2", "--format", "json",
+        "--log-dir", str(tmp_path / "fidelity-logs")])
+    out = json.loads(res.output[res.output.index("{"):])
+    print(json.dumps(out, indent=1))
+    assert res.exit_code == 0, res.output
+    for r in out["routers"]:
+        assert abs(r["mean_e2e_error_pct"]) <= 15.0, r
