@@ -40,6 +40,16 @@ class Request:
     prefix_hashes: tuple[int, ...] | None = None
     predicted_output_tokens: int | None = None
     predicted_bucket: int | None = None
+    #: tokens each of ``prefix_hashes`` names (None: 512, Mooncake's). Hash ``j`` names tokens
+    #: ``[j*B, (j+1)*B)`` of the request's token stream; equal hashes at equal positions mean equal
+    #: tokens there. The hashes may run past the prompt: a session turn names the answer it will
+    #: generate, which the next turn's prompt repeats (a router uses only the prompt's hashes).
+    prefix_block_tokens: int | None = None
+    #: multi-turn sessions: the conversation and this request's turn in it (0 = first). A turn after
+    #: the first is sent no earlier than ``think_s`` after the previous turn finished (closed loop).
+    session_id: int | None = None
+    turn: int | None = None
+    think_s: float = 0.0
 
     @property
     def expected_output_tokens(self) -> int:
@@ -130,6 +140,8 @@ class MetricsSample:
     num_waiting: int
     kv_usage: float
     num_preemptions: int
+    #: share of prompt tokens served from the prefix cache so far (None: caching off or unknown)
+    prefix_cache_hit_rate: float | None = None
 
 
 Event = (
@@ -497,6 +509,10 @@ class RequestRecord:
     server_output_tokens: int | None = None
     http_status: int | None = None
     error: str | None = None
+    session_id: int | None = None  # multi-turn sessions: conversation and turn (0 = first)
+    turn: int | None = None
+    think_s: float | None = None  # closed loop: pause after the previous turn finished
+    cached_prompt_tokens: int | None = None  # prompt tokens served from the prefix cache (first admission)
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -134,7 +134,8 @@ def records_frame(records: Sequence[RequestRecord], extra: dict[str, Any]) -> pl
         "predicted_bucket": pl.Int64, "num_preemptions": pl.Int64, "tbt_mean_s": pl.Float64,
         "tbt_p99_s": pl.Float64, "tbt_max_s": pl.Float64, "planned_send_s": pl.Float64,
         "actual_send_s": pl.Float64, "server_prompt_tokens": pl.Int64, "server_output_tokens": pl.Int64,
-        "http_status": pl.Int64, "error": pl.Utf8,
+        "http_status": pl.Int64, "error": pl.Utf8, "session_id": pl.Int64, "turn": pl.Int64,
+        "think_s": pl.Float64, "cached_prompt_tokens": pl.Int64,
     }
     cols = {name: [getattr(r, name) for r in records] for name in RECORD_FIELDS}
     df = pl.DataFrame(cols, schema=schema)
@@ -181,6 +182,8 @@ def iter_sim_runs(cfg: RunConfig, profile: Profile, run_id: str,
                         "num_waiting": [s.num_waiting for s in sim.timeline],
                         "kv_usage": [s.kv_usage for s in sim.timeline],
                         "num_preemptions": [s.num_preemptions for s in sim.timeline],
+                        "prefix_cache_hit_rate": pl.Series([s.prefix_cache_hit_rate for s in sim.timeline],
+                                                           dtype=pl.Float64),
                     }).with_columns(pl.lit(name).alias("router"), pl.lit(seed).alias("seed"),
                                     pl.lit(v.order).alias("order"),
                                     pl.lit(v.instance_scheduler).alias("instance_scheduler"),

@@ -21,6 +21,10 @@ What is modelled (vLLM V1 scheduler semantics):
   watermark allow; the running decodes pause for it) or, when nothing can be
   admitted, decodes the running requests only. A prefill-only step does not
   advance the decode clock; the first tokens it produces are kept apart;
+- automatic prefix caching (profile ``kv.enable_prefix_caching``, vLLM V1's
+  default): at admission a request reuses its cached leading blocks and
+  prefills only the rest; freed blocks stay cached until the free queue's LRU
+  head is taken (``prefix_cache``);
 - step time ``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` from
   the profile, where ``context_tokens`` is the KV read by the decoding sequences.
 
@@ -48,6 +52,7 @@ import numpy as np
 from ..core import Event, Failed, Finished, FirstToken, Preempted, Request, StepsAdvanced
 from ..profiles import Profile
 from ..routers.priority import request_priority
+from .prefix_cache import PrefixCache, block_keys
 
 INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left", "priority")
 
@@ -57,7 +62,8 @@ class SimRequest:
 
     __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "num_computed",
                  "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
-                 "first_token_s", "finish_s", "version", "expected", "extra_times")
+                 "first_token_s", "finish_s", "version", "expected", "extra_times",
+                 "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens")
 
     def __init__(self, request: Request):
         self.request = request
@@ -78,6 +84,13 @@ class SimRequest:
         self.finish_s: float | None = None
         self.version = 0
         self.extra_times: list[float] | None = None  # tokens of V0 prefill-only steps (off the decode clock)
+        # prefix caching (see prefix_cache.py)
+        self.keys: list[int] = []  # block keys its prefix hashes name
+        self.held: list[int] = []  # keys of the cached blocks it holds
+        self.n_reg = 0  # leading keys considered for caching so far
+        self.own_entry: int | None = None  # free-queue group of its own blocks, after a preemption
+        self.n_named_prev = -1
+        self.cached_tokens: int | None = None  # prompt tokens reused at its first admission
 
     @property
     def num_tokens(self) -> int:
@@ -89,7 +102,7 @@ class SimInstance:
 
     def __init__(self, profile: Profile, index: int = 0, scheduler: str = "fcfs",
                  chunked_prefill: bool | None = None, check_invariants: bool = False,
-                 skip_ahead: bool = True):
+                 skip_ahead: bool = True, prefix_caching: bool | None = None):
         if scheduler not in INSTANCE_SCHEDULERS:
             raise ValueError(f"--instance-scheduler: unknown {scheduler!r} "
                              f"(choose from {', '.join(INSTANCE_SCHEDULERS)})")
@@ -110,6 +123,9 @@ class SimInstance:
         self.v0 = p.scheduler == "v0" and not self.chunked_prefill
         self.watermark_blocks = int(0.01 * self.num_blocks) if self.v0 else 0
         self._base, self._a, self._b, self._c = p.base_s, p.prefill_token_s, p.decode_seq_s, p.context_token_s
+        if prefix_caching is None:
+            prefix_caching = p.enable_prefix_caching
+        self.cache: PrefixCache | None = PrefixCache(self.num_blocks, self.bs) if prefix_caching else None
 
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -146,6 +162,11 @@ class SimInstance:
     @property
     def kv_usage(self) -> float:
         return self.used_blocks / self.num_blocks
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Share of prompt tokens reused from the cache at first admission (None: caching off)."""
+        return self.cache.hit_rate if self.cache is not None else None
 
     def generated_tokens(self, rid: int) -> int:
         r = self.reqs[rid]
@@ -186,6 +207,8 @@ class SimInstance:
                                  f"max_model_len {self.max_model_len}"))
             return events
         self.reqs[r.rid] = r
+        if self.cache is not None:
+            r.keys = block_keys(request, self.bs)
         self.waiting.append(r)
         if self.seg_k == 0:
             self.now_s = max(self.now_s, now_s)
@@ -286,14 +309,19 @@ class SimInstance:
         first, _ = r.ranges[-1]
         r.ranges[-1] = (first, self.clock)
 
-    def _free(self, r: SimRequest) -> None:
+    def _free(self, r: SimRequest, preempted: bool = False) -> None:
         if r.decoding:
             self._stop_decoding(r)
-        self.used_blocks -= r.blocks
+        cache = self.cache
+        if cache is None:
+            self.used_blocks -= r.blocks
+        else:
+            cache.settle(self.num_blocks - self.used_blocks)
+            self.used_blocks -= cache.release(r, r.num_computed // self.bs, r.blocks, preempted)
         r.blocks = 0
 
     def _preempt(self, r: SimRequest, now_s: float, events: list[Event]) -> None:
-        self._free(r)
+        self._free(r, preempted=True)
         self.running.remove(r)
         r.num_computed = 0
         r.num_preemptions += 1
@@ -398,20 +426,34 @@ class SimInstance:
         allow; a prompt larger than the budget is chunked only with chunked
         prefill. Appends ``(request, tokens)`` to ``sched``."""
         bs = self.bs
+        cache = self.cache
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self._pick_waiting()
-            need = r.num_tokens - r.num_computed
+            hit = None
+            computed, held, taken = r.num_computed, r.blocks, 0
+            if cache is not None and computed == 0:
+                cache.settle(self.num_blocks - self.used_blocks)
+                hit = cache.peek(r)
+                computed, held, taken = hit.blocks * bs, hit.blocks, hit.from_free
+            need = r.num_tokens - computed
             if need > budget:
                 if not self.chunked_prefill:
                     break
                 need = budget
-            grow = -(-(r.num_computed + need) // bs) - r.blocks
-            if grow > self.num_blocks - self.used_blocks - reserve_blocks:
+            grow = -(-(computed + need) // bs) - held
+            if grow + taken > self.num_blocks - self.used_blocks - reserve_blocks:
                 break
             self.waiting.remove(r)
             self.running.append(r)
+            if hit is not None:
+                cache.acquire(r, hit)  # type: ignore[union-attr]
+                r.num_computed, r.blocks = computed, held
+                self.used_blocks += taken
             self.used_blocks += grow
             r.blocks += grow
+            if cache is not None:  # the new blocks came off the free queue's head first
+                cache.settle(self.num_blocks - self.used_blocks)
+                cache.register(r, (computed + need) // bs)
             sched.append((r, need))
             budget -= need
 
@@ -469,6 +511,9 @@ class SimInstance:
                 if not r.decoding:
                     r.blocks += grow
                     sched.append((r, need))
+                    if self.cache is not None:
+                        self.cache.settle(self.num_blocks - self.used_blocks)
+                        self.cache.register(r, (r.num_computed + need) // bs)
                 budget -= need
                 i += 1
                 continue
@@ -584,5 +629,8 @@ class SimInstance:
         for r in self.running:
             held += -(-(r.key + self.clock) // self.bs) if r.decoding else r.blocks
         dec_growth = self.hist[(-self.clock) % self.bs] if self.n_dec and not self.seg_prefill_only else 0
-        assert held + dec_growth == self.used_blocks, (held, dec_growth, self.used_blocks)
+        shared = self.cache.num_shared if self.cache is not None else 0
+        assert held + dec_growth == self.used_blocks + shared, (held, dec_growth, self.used_blocks, shared)
+        if self.cache is not None:
+            self.cache.check(self.running, self.num_blocks - self.used_blocks)
         assert self.n_dec == sum(1 for r in self.running if r.decoding)

@@ -1,0 +1,232 @@
+"""Automatic prefix caching for one simulated instance, as vLLM V1 does it.
+
+- A request's token stream is cut into full ``block_size``-token blocks; block
+  ``b`` is keyed by a hash chain over everything up to its end, so two requests
+  share a block exactly when they share every token up to it. The chain comes
+  from the request's ``prefix_hashes`` (each naming ``prefix_block_tokens``
+  tokens); tokens past them are the request's own.
+- At admission the longest run of cached leading blocks is reused (at least one
+  token is always computed, as in vLLM); only the rest is prefilled.
+- Blocks are reference counted. A block nobody holds goes to the *free queue*
+  but keeps its contents; an allocation takes the queue's head, evicting what
+  was cached there (LRU among free blocks, vLLM's ``FreeKVCacheBlockQueue``).
+  Freed blocks enter the queue tail-first (a request's last block is evicted
+  before its first).
+- A request's own blocks (not named by hashes) enter the queue as one group;
+  after a preemption the request can reuse what is left of it, a finished
+  request's group is just free space.
+
+Eviction is lazy: the instance's fast decode path allocates blocks by counting
+(``used_blocks``), and ``settle(free)`` pops the queue head until the queue holds
+no more blocks than are free, before anything looks at or adds to the queue.
+That gives the same state as evicting at every allocation, since the head is
+only ever read after settling.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from ..core import Request
+
+#: tokens per prefix hash when a request does not say (Mooncake's traces)
+DEFAULT_PREFIX_BLOCK_TOKENS = 512
+
+
+def block_keys(request: Request, block_size: int) -> list[int]:
+    """Keys of the full ``block_size``-token blocks that ``request``'s prefix hashes name."""
+    hashes = request.prefix_hashes
+    if not hashes:
+        return []
+    g = request.prefix_block_tokens or DEFAULT_PREFIX_BLOCK_TOKENS
+    covered = min(len(hashes) * g, request.prompt_tokens + request.output_tokens)
+    keys: list[int] = []
+    chain = 0
+    done = -1  # hashes folded into ``chain`` so far
+    for end in range(block_size, covered + 1, block_size):
+        j = (end - 1) // g
+        while done < j:
+            done += 1
+            chain = hash((chain, int(hashes[done])))
+        keys.append(hash((chain, end)))
+    return keys
+
+
+class Hit:
+    """What an admission would reuse: ``named`` leading keyed blocks, ``own`` blocks of the
+    request's group left from a preemption; ``from_free`` of them sit in the free queue."""
+
+    __slots__ = ("named", "own", "from_free")
+
+    def __init__(self, named: int, own: int, from_free: int):
+        self.named, self.own, self.from_free = named, own, from_free
+
+    @property
+    def blocks(self) -> int:
+        return self.named + self.own
+
+
+class PrefixCache:
+    """Reference counts of cached blocks and the free-block queue of one instance."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        #: key -> number of running requests holding the block; 0: cached and in the free queue
+        self.ref: dict[int, int] = {}
+        #: the free queue, head first: entry id -> [key or None, blocks, owner request id or None]
+        self.queue: OrderedDict[int, list[Any]] = OrderedDict()
+        self.queue[0] = [None, num_blocks, None]
+        self.where: dict[int, int] = {}  # key with ref 0 -> its queue entry
+        self.num_queued = num_blocks  # blocks in the queue; the excess over the free blocks awaits eviction
+        self.num_shared = 0  # sum over held keys of (ref - 1): blocks counted once though held more often
+        self.num_evicted = 0
+        self.hit_tokens = 0  # first admissions only (what vLLM's hit rate counts)
+        self.query_tokens = 0
+        self.preempted_hit_tokens = 0  # re-admissions after a preemption
+        self._next_entry = 1
+
+    # ------------------------------------------------------------------ queue
+    def _push(self, key: int | None, blocks: int, owner: int | None) -> int:
+        eid = self._next_entry
+        self._next_entry += 1
+        self.queue[eid] = [key, blocks, owner]
+        self.num_queued += blocks
+        if key is not None:
+            self.where[key] = eid
+        return eid
+
+    def settle(self, free_blocks: int) -> None:
+        """Evict from the queue head until it holds no more than ``free_blocks`` blocks."""
+        excess = self.num_queued - free_blocks
+        queue = self.queue
+        while excess > 0:
+            eid, entry = next(iter(queue.items()))
+            key = entry[0]
+            if key is not None:
+                del queue[eid]
+                del self.ref[key]
+                del self.where[key]
+                self.num_queued -= 1
+                self.num_evicted += 1
+                excess -= 1
+                continue
+            take = min(entry[1], excess)
+            entry[1] -= take
+            self.num_queued -= take
+            excess -= take
+            if entry[1] == 0:
+                del queue[eid]
+
+    # ------------------------------------------------------------------ admission
+    def peek(self, r: Any) -> Hit:
+        """The reuse available to ``r`` (not yet admitted, nothing computed) right now."""
+        ref = self.ref
+        max_hit = (r.num_tokens - 1) // self.block_size
+        named = from_free = 0
+        for key in r.keys:
+            if named >= max_hit:
+                break
+            n = ref.get(key)
+            if n is None:
+                break
+            named += 1
+            if n == 0:
+                from_free += 1
+        own = 0
+        entry = self.queue.get(r.own_entry) if r.own_entry is not None else None
+        if entry is not None and named == r.n_named_prev:
+            own = min(entry[1], max_hit - named)
+            from_free += own
+        return Hit(named, own, from_free)
+
+    def acquire(self, r: Any, hit: Hit) -> None:
+        """Admit ``r`` with ``hit``: hold its blocks, take them out of the free queue."""
+        ref = self.ref
+        held = r.keys[:hit.named]
+        for key in held:
+            n = ref[key]
+            if n:
+                self.num_shared += 1
+            else:
+                del self.queue[self.where.pop(key)]
+                self.num_queued -= 1
+            ref[key] = n + 1
+        r.held = list(held)
+        r.n_reg = hit.named
+        if r.own_entry is not None:
+            entry = self.queue.get(r.own_entry)
+            if entry is not None:
+                entry[2] = None  # what is left of the group is plain free space now
+                if hit.own:
+                    entry[1] -= hit.own
+                    self.num_queued -= hit.own
+                    if entry[1] == 0:
+                        del self.queue[r.own_entry]
+            r.own_entry = None
+        tokens = hit.blocks * self.block_size
+        if r.num_preemptions == 0:
+            self.query_tokens += r.prompt_tokens
+            self.hit_tokens += tokens
+            r.cached_tokens = tokens
+        else:
+            self.preempted_hit_tokens += tokens
+
+    def register(self, r: Any, full_blocks: int) -> None:
+        """``r``'s first ``full_blocks`` blocks are (being) computed: cache the keyed ones."""
+        stop = min(full_blocks, len(r.keys))
+        if r.n_reg >= stop:
+            return
+        ref = self.ref
+        for key in r.keys[r.n_reg:stop]:
+            if key not in ref:  # a copy cached elsewhere (its chain was broken) stays the only one
+                ref[key] = 1
+                r.held.append(key)
+        r.n_reg = stop
+
+    def release(self, r: Any, full_blocks: int, blocks: int, preempted: bool) -> int:
+        """``r`` gives back its ``blocks`` (``full_blocks`` of them full). Returns how many
+        blocks became free (shared ones stay with their other holders). Settle first."""
+        self.register(r, full_blocks)
+        held = r.held
+        own = blocks - len(held)
+        keep = preempted and len(held) == r.n_reg  # its own blocks follow its keyed ones
+        r.own_entry = self._push(None, own, r.rid) if own > 0 and keep else None
+        if own > 0 and not keep:
+            self._push(None, own, None)
+        r.n_named_prev = r.n_reg if keep else -1
+        freed = own
+        ref = self.ref
+        for key in reversed(held):
+            n = ref[key] - 1
+            ref[key] = n
+            if n:
+                self.num_shared -= 1
+            else:
+                self._push(key, 1, None)
+                freed += 1
+        r.held = []
+        r.n_reg = 0
+        return freed
+
+    # ------------------------------------------------------------------ checks
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def check(self, running: list[Any], free_blocks: int) -> None:
+        """Invariants (tests): the queue holds exactly the unheld cached keys and the free
+        space; no block is both in use and free or evicted; counts add up."""
+        assert self.num_queued >= free_blocks, (self.num_queued, free_blocks)
+        assert self.num_queued == sum(e[1] for e in self.queue.values())
+        for eid, (key, _, _) in self.queue.items():
+            if key is not None:
+                assert self.ref.get(key) == 0 and self.where.get(key) == eid, "queued key held or unknown"
+        holders: dict[int, int] = {}
+        for r in running:
+            for key in r.held:
+                holders[key] = holders.get(key, 0) + 1
+        for key, n in self.ref.items():
+            assert n == holders.get(key, 0), (key, n, holders.get(key, 0))
+            assert (n == 0) == (key in self.where), "a held block is in the free queue"
+        assert self.num_shared == sum(n - 1 for n in holders.values())
