@@ -173,6 +173,8 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--workload", default="poisson", show_default=True,
               help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace).")
 @click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead.")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="With --trace: drop requests with longer prompts (e.g. to fit a small test model).")
 @click.option("--prompt-tokens", default="128", show_default=True, help="Poisson workload prompt lengths: N or MEAN:CV (lognormal).")
 @click.option("--output-tokens", default="128", show_default=True, help="Poisson workload output lengths: N or MEAN:CV.")
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
@@ -191,7 +193,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
-                 workload: str, trace: str | None, prompt_tokens: str, output_tokens: str, routers: str,
+                 workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, routers: str,
                  requests: int, rate: float, repeats: int, seed: int, predictor: str,
                  max_error_pct: float | None, vllm_python: str | None, log_dir: str, port_base: int,
                  fmt: str) -> None:
@@ -211,6 +213,7 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)
     cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
+                    trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
                     seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
     reqs = annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
     if launch_model is not None:

@@ -205,16 +205,22 @@ COEFFICIENTS = ("api_overhead_s", "base_s", "prefill_token_s", "decode_seq_s", "
 
 def fit_step_model(obs: list[Observation]) -> dict[str, float]:
     """Non-negative least squares of ``time = [ttft] api_overhead + base + a*prefill + b*seqs + c*context``
-    (an active-set loop over ``numpy.linalg.lstsq``); adds ``r2``, ``rmse_s`` and per-kind R²."""
+    on *relative* residuals (each point weighted by 1/time, so a 5 ms decode step counts as much as a 300 ms
+    prefill: benchmarks live mostly at small batches), by an active-set loop over ``numpy.linalg.lstsq``; adds
+    ``r2``, ``rmse_s``, ``mape_pct`` and per-kind R²."""
     if len(obs) < len(COEFFICIENTS):
         raise MeasureError(f"only {len(obs)} measured points: too few to fit {len(COEFFICIENTS)} coefficients")
     x = np.array([[o.kind == "ttft", 1.0, o.prefill_tokens, o.decode_seqs, o.context_tokens] for o in obs])
     y = np.array([o.time_s for o in obs])
-    scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+    if (y <= 0).any():
+        raise MeasureError("a measured time is not positive; the sweep is unusable")
+    w = 1.0 / y
+    xw, yw = x * w[:, None], y * w
+    scale = np.maximum(np.abs(xw).max(axis=0), 1e-12)
     active = np.ones(x.shape[1], bool)
     coef = np.zeros(x.shape[1])
     while True:
-        sol, *_ = np.linalg.lstsq(x[:, active] / scale[active], y, rcond=None)
+        sol, *_ = np.linalg.lstsq(xw[:, active] / scale[active], yw, rcond=None)
         coef[:] = 0
         coef[active] = sol / scale[active]
         neg = active & (coef < 0)
@@ -231,6 +237,7 @@ def fit_step_model(obs: list[Observation]) -> dict[str, float]:
 
     kinds = np.array([o.kind for o in obs])
     out.update(r2=r2(np.ones(len(y), bool)), rmse_s=float(np.sqrt(((y - pred) ** 2).mean())),
+               mape_pct=float((np.abs(y - pred) / y).mean() * 100.0),
                r2_ttft=r2(kinds == "ttft"), r2_step=r2(kinds == "step"),
                max_abs_residual_s=float(np.abs(y - pred).max()), num_points=len(y))
     return out
@@ -248,7 +255,8 @@ def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched
     ctx_kinds = sorted({o.decode_seqs for o in m.observations if o.kind == "step"})
     src = (f"lbbench profile measure against vLLM {e.version} at {e.url} ({e.model}): least squares over "
            f"{fit['num_points']} points, R2 {fit['r2']:.4f} (first token {fit['r2_ttft']:.4f}, decode steps "
-           f"{fit['r2_step']:.4f}), RMSE {fit['rmse_s'] * 1e3:.2f} ms, largest residual "
+           f"{fit['r2_step']:.4f}), mean relative error {fit['mape_pct']:.1f} %, RMSE {fit['rmse_s'] * 1e3:.2f} ms, "
+           f"largest residual "
            f"{fit['max_abs_residual_s'] * 1e3:.2f} ms")
     return {
         "name": name,
@@ -263,7 +271,7 @@ def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched
         "mixing": {"grad1": step["prefill_token_s"], "grad2": step["decode_seq_s"], "epsilon": 0.05, "alpha": 0.5,
                    "min_step_s": float(f"{base + step['decode_seq_s']:.5g}")},
         "measure": {"complete": m.complete, **({"error": m.error} if m.error else {}),
-                    "r2": round(fit["r2"], 5),
+                    "r2": round(fit["r2"], 5), "mape_pct": round(fit["mape_pct"], 2),
                     "rmse_s": float(f"{fit['rmse_s']:.4g}"), "num_points": fit["num_points"],
                     "vllm_version": e.version, "prefix_caching": bool(e.prefix_caching)},
         "source": {
