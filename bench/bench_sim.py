@@ -2,7 +2,8 @@
 
 Prints simulated seconds per wall second (x real time) and requests per wall second,
 as medians over repeated runs of the same episode (target: >= 1000x real time on a
-2-core machine). Usage: python bench/bench_sim.py [--repeats N] [--router NAME]
+2-core machine, with prefix caching off and on). Usage:
+python bench/bench_sim.py [--repeats N] [--router NAME] [--prefix-caching off|on|both]
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--prefix-caching", choices=("off", "on", "both"), default="both")
     args = ap.parse_args()
     prof = load_profile(args.profile)
     reqs = annotate(paper_mix(args.requests, args.rate, 0), load_predictor("oracle", profile=prof))
+    for caching in ((False, True) if args.prefix_caching == "both" else (args.prefix_caching == "on",)):
+        measure(args, prof, reqs, caching)
+
+
+def measure(args: argparse.Namespace, prof, reqs, caching: bool) -> None:
     speed, rps, walls, cpus = [], [], [], []
     for _ in range(args.repeats):
-        sim = ClusterSim(prof, args.instances, reqs)
+        sim = ClusterSim(prof, args.instances, reqs, prefix_caching=caching)
         router = get_router(args.router, num_instances=args.instances, seed=0, profile=prof)
         t0, c0 = time.perf_counter(), time.process_time()
         recs = sim.run(router)
@@ -42,7 +49,7 @@ def main() -> None:
         speed.append(span / wall)
         rps.append(len(recs) / wall)
     print(f"simulator: {args.instances} x {args.profile}, paper-mix, {args.requests} requests at {args.rate} req/s, "
-          f"router {args.router}, {args.repeats} repeats")
+          f"router {args.router}, prefix caching {'on' if caching else 'off'}, {args.repeats} repeats")
     print(f"  simulated span      {span:10.1f} s")
     print(f"  wall per episode    {statistics.median(walls) * 1000:10.1f} ms (median; min {min(walls) * 1000:.1f})")
     print(f"  CPU per episode     {statistics.median(cpus) * 1000:10.1f} ms (median; process time, less "

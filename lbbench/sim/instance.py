@@ -431,7 +431,7 @@ class SimInstance:
             r = self._pick_waiting()
             hit = None
             computed, held, taken = r.num_computed, r.blocks, 0
-            if cache is not None and computed == 0:
+            if cache is not None and computed == 0 and (r.keys or r.own_entry is not None):
                 cache.settle(self.num_blocks - self.used_blocks)
                 hit = cache.peek(r)
                 computed, held, taken = hit.blocks * bs, hit.blocks, hit.from_free
@@ -449,9 +449,11 @@ class SimInstance:
                 cache.acquire(r, hit)  # type: ignore[union-attr]
                 r.num_computed, r.blocks = computed, held
                 self.used_blocks += taken
+            elif cache is not None and computed == 0:
+                cache.count_miss(r)
             self.used_blocks += grow
             r.blocks += grow
-            if cache is not None:  # the new blocks came off the free queue's head first
+            if cache is not None and r.keys:  # the new blocks came off the free queue's head first
                 cache.settle(self.num_blocks - self.used_blocks)
                 cache.register(r, (computed + need) // bs)
             sched.append((r, need))
@@ -511,7 +513,7 @@ class SimInstance:
                 if not r.decoding:
                     r.blocks += grow
                     sched.append((r, need))
-                    if self.cache is not None:
+                    if self.cache is not None and r.keys:
                         self.cache.settle(self.num_blocks - self.used_blocks)
                         self.cache.register(r, (r.num_computed + need) // bs)
                 budget -= need

@@ -172,6 +172,12 @@ class PrefixCache:
         else:
             self.preempted_hit_tokens += tokens
 
+    def count_miss(self, r: Any) -> None:
+        """``r`` is admitted with nothing to reuse (it names no blocks and has no group left)."""
+        if r.num_preemptions == 0:
+            self.query_tokens += r.prompt_tokens
+            r.cached_tokens = 0
+
     def register(self, r: Any, full_blocks: int) -> None:
         """``r``'s first ``full_blocks`` blocks are (being) computed: cache the keyed ones."""
         stop = min(full_blocks, len(r.keys))
