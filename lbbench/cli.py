@@ -168,7 +168,8 @@ def _trace_options_decorator(f: Any) -> Any:
 @click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True,
               help="Number of instances (simulated or launched).")
 @click.option("--workload", default="paper-mix", show_default=True,
-              help="paper-mix | paper-classes | poisson | dataset:FILE.jsonl (ignored with --trace).")
+              help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | shared-prefix[:K=V,...] | "
+                   "dataset:FILE.jsonl (ignored with --trace).")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None,
               help="Replay a trace file (Parquet/CSV/JSONL: canonical, Azure, BurstGPT, Mooncake).")
 @click.option("--rate", default=None, metavar="RATE[,RATE...]",
@@ -186,6 +187,9 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Comma-separated instance-level schedulers: fcfs, bin_packing, least_work_left.")
 @click.option("--chunked-prefill", type=click.Choice(["profile", "on", "off", "both"]), default="profile",
               show_default=True, help="Chunked prefill; `both` runs each variant.")
+@click.option("--prefix-caching", type=click.Choice(["profile", "on", "off"]), default="profile",
+              show_default=True, help="Automatic prefix caching in the simulated instances "
+                                      "(profile: its kv.enable_prefix_caching, off unless set).")
 @click.option("--order", default=None,
               help="paper-classes arrival order (default: all four): lh_hl_random, all_random, "
                    "lh_then_hl, hl_then_lh.")
@@ -294,6 +298,7 @@ def run_cmd(**kw: Any) -> None:
         prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
         timeline_interval_s=kw["timeline_interval"] or None, backend="live" if live else "sim",
         rates=rates if len(rates) > 1 else [], slo=slo,
+        prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
     )
     # validate the predictor and routers before any long work starts

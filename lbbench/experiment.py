@@ -61,6 +61,8 @@ class RunConfig:
     """Latency limits for goodput: any of ``ttft_s``, ``tbt_s``, ``e2e_s`` (seconds)."""
     jobs: int = 1
     """Processes a load sweep runs its rates in (results do not depend on it)."""
+    prefix_caching: bool | None = None
+    """Automatic prefix caching in the simulated instances (None: as the profile says)."""
 
     def seed_list(self) -> list[int]:
         return list(range(self.seed, self.seed + self.seeds))
@@ -101,11 +103,15 @@ def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | Non
         return wl.poisson(n, rate, seed, prompt_tokens=wl.parse_length_spec(cfg.prompt_tokens, "--prompt-tokens"),
                           output_tokens=wl.parse_length_spec(cfg.output_tokens, "--output-tokens"),
                           burstiness=cfg.burstiness)
+    if w.split(":", 1)[0] in ("sessions", "shared-prefix"):
+        from .workloads.sessions import parse_session_spec, sessions
+        return sessions(n, rate, seed, parse_session_spec(w), max_model_len=profile.max_model_len,
+                        burstiness=cfg.burstiness)
     if w.startswith("dataset:"):
         from .predict.dataset_workload import dataset_workload
         return dataset_workload(w.split(":", 1)[1], n, rate, seed, max_model_len=profile.max_model_len)
     raise ConfigError(f"--workload: unknown workload {w!r} (choose from {', '.join(WORKLOADS)}, "
-                      "dataset:FILE, or give --trace FILE)")
+                      "sessions[:K=V,...], shared-prefix[:K=V,...], dataset:FILE, or give --trace FILE)")
 
 
 def workload_label(cfg: RunConfig) -> str:
@@ -167,7 +173,7 @@ def iter_sim_runs(cfg: RunConfig, profile: Profile, run_id: str,
                                     **cfg.router_options.get(name, {}))
                 sim = ClusterSim(profile, cfg.instances, reqs, instance_scheduler=v.instance_scheduler,
                                  chunked_prefill=v.chunked_prefill, seed=seed, run_id=run_id,
-                                 timeline_interval_s=cfg.timeline_interval_s)
+                                 timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching)
                 label = f"{name} seed {seed}" + (f" {v.order}" if v.order else "") + (
                     f" {v.instance_scheduler}" if len(cfg.instance_schedulers) > 1 else "")
                 cb = (lambda done, total, _l=label: progress(_l, done, total)) if progress else None

@@ -31,6 +31,9 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
   request counts); averaged over seeds. ``goodput_per_s``: per seed, those requests
   divided by the makespan; averaged over seeds. TBT limits apply to each request's mean
   time between tokens (its time per output token); a request with one token meets any.
+- ``prefix_cache_hit_rate``: per seed, prompt tokens served from the prefix cache at first
+  admission / prompt tokens, over completed requests; averaged over seeds. Only when some
+  request carries ``cached_prompt_tokens`` (null in groups where caching was off).
 - Live runs only (null when no request carries an ``actual_send_s``):
   ``dispatch_lag_p50_s`` / ``dispatch_lag_p99_s`` over sent requests, ``achieved_rate_per_s``
   = sent requests / (last send - first send), ``requested_rate_per_s`` = rows / (last
@@ -163,9 +166,15 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",), slo: Slo | None = None)
     arrival_span = pl.col("arrival_s").max() - pl.col("arrival_s").min()
     span = c("finish_s").max() - pl.col("arrival_s").min()
     met = slo_met_expr(slo)
+    extra = []
+    if "cached_prompt_tokens" in lf.collect_schema():
+        cached = ok & pl.col("cached_prompt_tokens").is_not_null()
+        extra.append(pl.when(cached.any()).then(
+            pl.col("cached_prompt_tokens").filter(cached).sum()
+            / pl.col("prompt_tokens").filter(cached).sum()).cast(pl.Float64).alias("prefix_cache_hit_rate"))
     return (
         lf.group_by([*by, "seed"], maintain_order=True)
-        .agg(
+        .agg(*extra,
             mean_e2e_s=c("e2e_s").mean(),
             p50_e2e_s=c("e2e_s").quantile(0.5, "linear"),
             p90_e2e_s=c("e2e_s").quantile(0.9, "linear"),
@@ -216,6 +225,7 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
     if "router" not in by:
         by = ["router", *by]
     seeds = _paired(per_seed(df, by, slo), by, baseline)
+    extra = [c for c in ("prefix_cache_hit_rate",) if c in seeds.collect_schema()]
     mean_cols = ["p50_e2e_s", "p90_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "mean_tbt_s",
                  "p99_tbt_s", "mean_router_wait_s", "preemptions", "throughput_tokens_per_s",
                  "dispatch_lag_p50_s", "dispatch_lag_p99_s", "achieved_rate_per_s",
@@ -233,11 +243,13 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
             router_wait_max_s=pl.col("router_wait_max_s").max(),
             completed=pl.col("completed").sum(),
             failed=pl.col("failed").sum(),
-            *[pl.col(m).mean() for m in mean_cols],
+            *[pl.col(m).mean() for m in (*mean_cols, *extra)],
         )
-        .select([*by, *METRIC_COLUMNS])
+        .select([*by, *METRIC_COLUMNS, *extra])
         .collect()
     )
+    if extra and out.get_column("prefix_cache_hit_rate").null_count() == out.height:
+        out = out.drop("prefix_cache_hit_rate")  # caching was off everywhere: the table stays as it was
     if baseline != "round_robin":
         out = out.rename({"improvement_vs_round_robin_pct": improvement_pct_col(baseline),
                           "improvement_vs_round_robin_s": improvement_s_col(baseline)})

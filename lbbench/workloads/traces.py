@@ -331,11 +331,13 @@ def write_canonical(frame: TraceFrame | pl.DataFrame, out_path: str | Path) -> P
 def trace_to_requests(frame: TraceFrame | pl.DataFrame) -> list[Request]:
     """Requests in arrival order with ids ``0..n-1``; failed rows are left out."""
     df = frame.frame if isinstance(frame, TraceFrame) else frame
+    block = frame.block_tokens if isinstance(frame, TraceFrame) else None  # tokens per prefix hash
     df = df.filter(~pl.col("failed")).sort("arrival_s", maintain_order=True)
     cols = [df.get_column(c).to_list() for c in ("arrival_s", "prompt_tokens", "output_tokens", "task",
                                                   "prefix_hashes")]
     return [Request(request_id=i, arrival_s=float(t), prompt_tokens=int(pr), output_tokens=int(o), task=task,
-                    prefix_hashes=tuple(h) if h is not None else None)
+                    prefix_hashes=tuple(h) if h is not None else None,
+                    prefix_block_tokens=block if h is not None else None)
             for i, (t, pr, o, task, h) in enumerate(zip(*cols))]
 
 
