@@ -78,7 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=("embed", "text"), default="embed")
     ap.add_argument("--model", help="saved predictor directory (embed or text)")
-    ap.add_argument("--layers", type=int, default=5, help="embed without --model: encoder layers kept")
+    ap.add_argument("--layers", default="5", help="embed without --model: encoder layers kept (comma-separated "
+                    "list: one table row per depth and precision; 0 = pooled token embeddings only)")
     ap.add_argument("--max-length", type=int, default=128, help="embed without --model: input tokens")
     ap.add_argument("--data", help="corpus to take prompts from")
     ap.add_argument("--batch", type=int, default=64)
@@ -96,12 +97,13 @@ def main() -> None:
     reqs = _requests(args.data, args.batch, 0)
     no_task = [Request(r.request_id, 0.0, r.prompt_tokens, r.output_tokens, None, r.prompt) for r in reqs]
     rows = []
-    for precision in ("fp32", "bf16", "int8"):
+    depths = [None] if args.model or args.kind == "text" else [int(x) for x in args.layers.split(",")]
+    for depth, precision in ((d, p) for d in depths for p in ("fp32", "bf16", "int8")):
         if args.kind == "embed":
             from lbbench.predict.regression import LengthPredictor
 
             p = (LengthPredictor.load(args.model, precision=precision) if args.model
-                 else _untrained_regressor(precision, args.layers, args.max_length))
+                 else _untrained_regressor(precision, depth, args.max_length))
         elif args.model:
             p = TextPredictor.load(args.model, precision=precision)
         else:

@@ -54,6 +54,8 @@ PREDICTORS: dict[str, LengthTrainConfig] = {
     "embed": LengthTrainConfig(features="encoder"),
     "embed (no model name)": LengthTrainConfig(features="encoder", use_model_name=False),
     "bow ridge": LengthTrainConfig(features="bow", heads=("ridge",), use_model_name=False),
+    # within the 2 ms / request budget on one core (bench/bench_predictor.py): token embeddings or one layer
+    "embed ≤1 layer": LengthTrainConfig(features="encoder", max_layers=1),
 }
 #: test generator -> training generators it counts as "same" (identical model) or "family" (other snapshot)
 SAME = {"text-davinci-003": {"text_davinci_003"}, "text_davinci_003": {"text-davinci-003"}}
@@ -133,7 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
     ap.add_argument("--json", help="also write the full reports here")
-    ap.add_argument("--predictors", default=",".join(PREDICTORS),
+    ap.add_argument("--predictors", default="embed,embed (no model name),bow ridge",
                     help=f"comma-separated subset of: {', '.join(PREDICTORS)}")
     ap.add_argument("--no-mixed", action="store_true", help="skip the leave-one-corpus-out directions")
     args = ap.parse_args()

