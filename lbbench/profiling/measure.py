@@ -151,47 +151,47 @@ def _decode_step_s(results) -> float | None:
     return float(np.median(steps)) if steps else None
 
 
-async def _sweep(m: Measurement, sweep: Sweep, max_num_seqs: int, progress) -> None:
+async def _sweep(m: Measurement, infos: list[EngineInfo], sweep: Sweep, max_num_seqs: int, progress) -> None:
+    """Every point runs on all engines at once (in lockstep, point by point), so that each engine is measured
+    under the load the others put on a shared host, the same at every point."""
     from ..harness.http import HttpBackend
 
-    info = m.engine
-    limit = info.max_model_len - sweep.decode_tokens - 2 if info.max_model_len else 1 << 30
-    drv = _Driver(info)
+    limits = [i.max_model_len - sweep.decode_tokens - 2 if i.max_model_len else 1 << 30 for i in infos]
+    limit = min(limits)
+    drivers = [_Driver(i) for i in infos]
     obs = m.observations
-    async with HttpBackend(model=info.model, clock=drv.clock, request_timeout_s=300.0) as backend:
-        await drv.batch(backend, 32, 4, 2)  # warm-up
-        points = [p for p in sweep.prefill_tokens if p <= limit]
-        for p in points:
+    async with HttpBackend(model=infos[0].model, clock=drivers[0].clock, request_timeout_s=300.0) as backend:
+        async def on_all(prompt: int, output: int, n: int):
+            return await asyncio.gather(*(d.batch(backend, prompt, output, n) for d in drivers))
+
+        await on_all(32, 4, 2)  # warm-up
+        for p in (p for p in sweep.prefill_tokens if p <= limit):
             for _ in range(sweep.repeats):
-                (r,) = await drv.batch(backend, p, 2, 1)
-                obs.append(Observation("ttft", p, 0, 0, r.token_times_s[0] - r.actual_send_s))
+                for (r,) in await on_all(p, 2, 1):
+                    obs.append(Observation("ttft", p, 0, 0, r.token_times_s[0] - r.actual_send_s))
             progress(f"prefill {p} tokens")
         for c in (c for c in sweep.decode_contexts if c <= limit):
             for b in (b for b in sweep.decode_batches if b <= max_num_seqs):
-                step_s = _decode_step_s(await drv.batch(backend, c, sweep.decode_tokens, b))
-                if step_s is not None:
-                    ctx = b * (c + sweep.decode_tokens / 2)
-                    obs.append(Observation("step", 0, b, ctx, step_s))
+                for results in await on_all(c, sweep.decode_tokens, b):
+                    step_s = _decode_step_s(results)
+                    if step_s is not None:
+                        obs.append(Observation("step", 0, b, b * (c + sweep.decode_tokens / 2), step_s))
                 progress(f"decode batch {b}, context {c}")
 
 
 def run_sweep(urls: list[str], *, sweep: Sweep = Sweep(), max_num_seqs: int = 256,
               progress=lambda what: None) -> Measurement:
-    """Drive every engine in ``urls`` (instances of one configuration) through ``sweep`` at the same time, as
-    they will run in a benchmark (on a shared host the instances slow each other down, and the fit should see
-    that); the points are pooled. Failures mid-way keep what was measured."""
+    """Drive every engine in ``urls`` (instances of one configuration) through ``sweep`` together, as they will
+    run in a benchmark (on a shared host the instances slow each other down, and the fit should see that); the
+    points are pooled. Failures mid-way keep what was measured."""
     infos = [engine_info(u) for u in urls]
     m = Measurement(infos[0])
     for info in infos:
         if (info.block_size, info.num_blocks, info.model) != (m.engine.block_size, m.engine.num_blocks,
                                                               m.engine.model):
             raise MeasureError(f"{info.url}: not configured like {m.engine.url} (model, KV blocks or block size)")
-    async def all_at_once() -> None:
-        await asyncio.gather(*(_sweep(Measurement(info, m.observations), sweep, max_num_seqs,
-                                      lambda what, _u=info.url: progress(f"{_u}: {what}")) for info in infos))
-
     try:
-        asyncio.run(all_at_once())
+        asyncio.run(_sweep(m, infos, sweep, max_num_seqs, progress))
     except (MeasureError, OSError) as exc:
         m.complete, m.error = False, str(exc)
     except KeyboardInterrupt:
