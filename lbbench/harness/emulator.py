@@ -162,7 +162,8 @@ class EmulatedInstance:
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([
             web.get("/health", self._health), web.get("/v1/models", self._models),
-            web.get("/metrics", self._metrics),
+            web.get("/metrics", self._metrics), web.get("/version", self._version),
+            web.get("/server_info", self._server_info),
             web.post("/v1/completions", self._completions),
             web.post("/v1/chat/completions", self._chat),
         ])
@@ -295,8 +296,24 @@ class EmulatedInstance:
         sim = self.sim
         text = render_metrics(self.model, sim.num_running, sim.num_waiting, sim.kv_usage,
                               sim.num_preemptions, self.prompt_tokens_total,
-                              self.generation_tokens_total, self.num_finished_total)
+                              self.generation_tokens_total, self.num_finished_total,
+                              cache_config={"block_size": self.profile.block_size,
+                                            "num_gpu_blocks": self.profile.num_kv_blocks,
+                                            "enable_prefix_caching": self.profile.enable_prefix_caching})
         return web.Response(text=text, content_type="text/plain")
+
+    async def _version(self, request: web.Request) -> web.Response:
+        """As vLLM answers it (gateways probe it to recognise a vLLM worker)."""
+        from .. import __version__
+        return web.json_response({"version": f"{__version__}+lbbench-serve-sim"})
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        p = self.profile
+        return web.json_response({"engine": "lbbench serve-sim", "profile": p.name, "model": self.model,
+                                  "max_model_len": p.max_model_len, "max_num_seqs": p.max_num_seqs,
+                                  "max_num_batched_tokens": p.max_num_batched_tokens,
+                                  "block_size": p.block_size, "num_gpu_blocks": p.num_kv_blocks,
+                                  "scheduler": self.sim.scheduler})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

@@ -61,10 +61,18 @@ def parse_metrics(text: str) -> ScrapedMetrics | None:
 
 def render_metrics(model: str, num_running: int, num_waiting: int, kv_usage: float,
                    num_preemptions: int, prompt_tokens_total: int = 0,
-                   generation_tokens_total: int = 0, num_finished_total: int = 0) -> str:
-    """A Prometheus text page with vLLM's metric names (used by the emulator)."""
+                   generation_tokens_total: int = 0, num_finished_total: int = 0,
+                   cache_config: dict | None = None) -> str:
+    """A Prometheus text page with vLLM's metric names (used by the emulator); ``cache_config`` adds vLLM's
+    ``vllm:cache_config_info`` gauge (KV blocks and block size as labels)."""
     lab = f'{{model_name="{model}"}}'
-    return (
+    info = ""
+    if cache_config:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(cache_config.items()))
+        info = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                f"vllm:cache_config_info{{{labels}}} 1.0\n")
+    return info + (
         "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
         "# TYPE vllm:num_requests_running gauge\n"
         f"vllm:num_requests_running{lab} {num_running}\n"

@@ -70,11 +70,29 @@ def test_too_few_points_is_an_error():
 
 
 def test_measure_refuses_an_endpoint_that_is_not_vllm(tmp_path):
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 1)) as fleet:
-        res = CliRunner().invoke(main, ["profile", "measure", "--endpoint", fleet.endpoints[0],
-                                        "--out", str(tmp_path / "m.toml")])
+    from lbbench.harness.emulator import free_port
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    res = CliRunner().invoke(main, ["profile", "measure", "--endpoint", url, "--out", str(tmp_path / "m.toml")])
     assert res.exit_code == 2
     assert "not a vLLM server" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_measure_recovers_the_profile_an_emulated_engine_runs():
+    """serve-sim times requests with a known profile and answers /version and vLLM's cache_config_info metric,
+    so a sweep against it must read the KV cache exactly and fit coefficients close to the profile's."""
+    from lbbench.profiling.measure import Sweep, run_sweep
+
+    prof = load_profile("llama3.1-8b-a100").with_overrides(chunked_prefill=True, scheduler="v1")
+    sweep = Sweep(prefill_tokens=(16, 256, 1024, 2048), decode_batches=(1, 8, 32), decode_contexts=(16, 1024),
+                  decode_tokens=24, repeats=2)
+    with EmulatorFleet(FleetConfig(prof, 2)) as fleet:
+        m = run_sweep(fleet.endpoints, sweep=sweep, max_num_seqs=64)
+    assert m.complete, m.error
+    assert m.engine.num_blocks == prof.num_kv_blocks and m.engine.block_size == prof.block_size
+    fit = fit_step_model(m.observations)
+    # real-time emulation on a shared test machine adds scheduling noise of a few ms: loose bounds
+    assert fit["prefill_token_s"] == pytest.approx(prof.prefill_token_s, rel=0.25)
+    assert fit["base_s"] + 8 * fit["decode_seq_s"] == pytest.approx(prof.base_s + 8 * prof.decode_seq_s, rel=0.3)
 
 
 def test_api_overhead_shifts_what_the_client_sees():
