@@ -27,7 +27,8 @@ class RouterInfo:
 
 
 _REGISTRY: dict[str, RouterInfo] = {}
-_LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl")
+_LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
+                 "lbbench.routers.cache_aware", "lbbench.routers.cache_length")
 
 
 def register(name: str, description: str) -> Callable[[Any], Any]:

@@ -1,0 +1,107 @@
+"""``cache_length_aware``: lbbench's router that weighs expected cache hits against load,
+with predicted output lengths and KV headroom.
+
+For each instance it estimates, in seconds, how much latency the request adds
+to everyone there, from the profile's step-time model and what a client sees:
+
+- the request's own time: the uncached prompt tokens queued ahead of it there
+  plus its own (prompt minus the expected cache hit), then its predicted
+  output length at that instance's decode step time;
+- what it costs the others: its prefill holds up the decoding requests there
+  (a vLLM V0 prefill step pauses them; in V1 it lengthens their step), and its
+  decode adds to their step time for as long as both run.
+
+The cost is time to first token plus ``decode_weight`` times the decode terms
+(own decode time and the others' delay).
+
+The expected hit comes from the router's own prefix trees (what it sent where,
+LRU-bounded by the instance's KV capacity); the uncached prompt work queued at
+an instance is tracked from dispatches and first tokens. Instances whose
+predicted KV footprint (prompt + predicted output of everything outstanding,
+less what the new request finds cached) would exceed ``1 - kv_slack`` of their
+capacity are avoided, since a full cache means preemptions; if every instance
+is that full, the one with the most headroom is taken.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..core import ClusterView, Decision, Event, Failed, Finished, FirstToken, Preempted, Request
+from ..profiles import Profile, load_profile
+from .heuristics import _Base
+from .prefix_tree import PrefixTrees
+from .registry import register
+
+
+@register("cache_length_aware", "lbbench: least added latency from expected cache hit, queued uncached prefill, "
+                                "predicted output length; avoids instances short of KV headroom")
+class CacheLengthAware(_Base):
+    def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
+                 kv_slack: float = 0.1, decode_weight: float = 1.0, lru_tokens: int | None = None, **kw: Any):
+        super().__init__(num_instances, seed, profile, **kw)
+        self.prof = profile if profile is not None else load_profile("llama3.1-8b-a100")
+        if not 0 <= kv_slack < 1:
+            raise ValueError(f"cache_length_aware: kv_slack must be in [0, 1), got {kv_slack}")
+        self.kv_slack = float(kv_slack)
+        self.decode_weight = float(decode_weight)
+        self.trees = PrefixTrees(num_instances, int(lru_tokens or self.prof.kv_capacity_tokens))
+        self.pending = [0] * num_instances  # uncached prompt tokens dispatched, no first token yet
+        self._sent: dict[int, tuple[int, int, int]] = {}  # request id -> (instance, uncached, prompt)
+        self._waiting: set[int] = set()  # request ids counted in ``pending``
+
+    # ------------------------------------------------------------------ events
+    def on_event(self, ev: Event) -> None:
+        rid = getattr(ev, "request_id", None)
+        if rid is None or rid not in self._sent:
+            return
+        inst, uncached, prompt = self._sent[rid]
+        if isinstance(ev, FirstToken) and rid in self._waiting:
+            self._waiting.discard(rid)
+            self.pending[inst] -= uncached
+        elif isinstance(ev, Preempted) and rid not in self._waiting:
+            self._waiting.add(rid)  # it recomputes; count its prompt again as queued work
+            self._sent[rid] = (inst, prompt, prompt)
+            self.pending[inst] += prompt
+        elif isinstance(ev, (Finished, Failed)):
+            if rid in self._waiting:
+                self._waiting.discard(rid)
+                self.pending[inst] -= uncached
+            del self._sent[rid]
+
+    # ------------------------------------------------------------------ routing
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        r = queue[0]
+        p = self.prof
+        a, b, c, base = p.prefill_token_s, p.decode_seq_s, p.context_token_s, p.base_s
+        out = max(1, r.expected_output_tokens)
+        costs: dict[int, float] = {}
+        headroom: dict[int, float] = {}
+        for iv in view.instances:
+            if not iv.healthy:
+                continue
+            hit = min(self.trees.match_tokens(iv.index, r), r.prompt_tokens - 1)
+            uncached = r.prompt_tokens - hit
+            n_dec = iv.num_decoding
+            ctx = iv.context_tokens + r.prompt_tokens + out / 2
+            step = base + b * (n_dec + 1) + c * ctx
+            ttft = a * (self.pending[iv.index] + uncached) + base
+            mean_left = iv.predicted_tokens_remaining / max(1, iv.num_outstanding)
+            others = n_dec * (a * uncached + min(out, mean_left) * (b + c * (r.prompt_tokens + out / 2)))
+            costs[iv.index] = ttft + self.decode_weight * (out * step + others)
+            cap = iv.spec.kv_capacity_tokens
+            headroom[iv.index] = (1 - self.kv_slack) * cap - (iv.predicted_footprint_tokens + uncached + out)
+        if not costs:
+            return None
+        fits = {i for i, h in headroom.items() if h >= 0}
+        if fits:
+            inst = self._argmin(view, lambda iv: costs[iv.index] if iv.index in fits else float("inf"))
+        else:
+            inst = self._argmin(view, lambda iv: -headroom.get(iv.index, float("-inf")))
+        assert inst is not None
+        hit = min(self.trees.match_tokens(inst, r), r.prompt_tokens - 1)
+        self._sent[r.request_id] = (inst, r.prompt_tokens - hit, r.prompt_tokens)
+        self._waiting.add(r.request_id)
+        self.pending[inst] += r.prompt_tokens - hit
+        self.trees.insert(inst, r)
+        return Decision(0, inst)
