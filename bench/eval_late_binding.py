@@ -203,7 +203,7 @@ def sections(trace: str) -> dict[str, tuple[list[Cell], list[Arm]]]:
         Arm("late binding on priority engine", lb, "priority", ()),
         Arm("jsq", "jsq", "priority"),
     ]
-    aging_arms = ([Arm("jsq", "jsq", "priority"), Arm("jsq", "jsq", "fcfs")]
+    aging_arms = ([Arm("jsq / priority", "jsq", "priority"), Arm("jsq / fcfs", "jsq", "fcfs")]
                   + [Arm(f"SJF, max_wait_s={w:g}", lb, "fcfs", (("max_wait_s", w),)) for w in (1e9, 120.0, 60.0, 30.0)]
                   + [Arm(f"hrrn aging, max_wait_s={w:g}", lb, "fcfs", (("order", "hrrn"), ("max_wait_s", w)))
                      for w in (1e9, 60.0)])
@@ -218,7 +218,10 @@ def sections(trace: str) -> dict[str, tuple[list[Cell], list[Arm]]]:
 
 
 def print_plain(cell: Cell, df: pl.DataFrame, arms: list[Arm]) -> None:
-    """Every arm (labels are unique), no reference selection: the breakdown and aging tables."""
+    """Every arm, no reference selection: the breakdown and aging tables."""
+    labels = [a.label for a in arms]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"arm labels must be unique: {labels}")
     s = summarize(df, by=["router", "rate_per_s"], slo=cell.slo)
     print(f"\n### {cell.title}\n")
     print("| rate (req/s) | arm (instance scheduler) | mean E2E (s) | p99 E2E (s) | goodput (req/s) | preemptions "

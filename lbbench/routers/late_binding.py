@@ -79,20 +79,21 @@ class LateBindingParams:
     length, and they all peak together), so an exact fit leaves the cache
     under-used, and a generous one lets the engine's own FCFS admission and
     preemption take over again. Chosen on tuning seeds (4 x V100, paper-mix,
-    FCFS engine): 0 cuts preemptions fourfold but costs 8 % of mean E2E at 20
-    req/s (a quarter of the cache idles); 0.3 is the best mean at 10 and 20
-    req/s; 0.5 costs 3-8 %; 3 or more hands the order back to the engine
-    (-20 % at 20 req/s)."""
+    FCFS engine, against 0.3): 0 cuts preemptions fourfold, is 2 % faster at
+    10 req/s and 5 % slower at 20 (the cache idles); 0.5 is 1-6 % slower; 3 is
+    17 % slower at 20 req/s (the engine's FCFS admission takes over)."""
 
-    max_wait_s: float = 120.0
+    max_wait_s: float = 60.0
     """The wait bound (seconds at the router): a request that has waited this
     long is sent at once, past every gate, to the cheapest healthy instance, so
     no request waits longer at the router while an instance is up (plus one
     decision interval, the profile's ``min_step_s``). The wait moves to the
-    engine's queue, where the router no longer orders it; 120 s changes no
-    mean by more than 0.3 % on the V100 load sweep and caps the longest router
-    wait there (143 s without it at 20 req/s). The aging rule that trades mean
-    for tail is ``order="hrrn"``."""
+    engine's queue, where the router no longer orders it. Chosen on tuning
+    seeds (4 x V100, paper-mix, FCFS engine, 8-20 req/s): against 120 s, 60 s
+    is as fast or faster in mean (0 to -4 %) with a 0-26 % lower p99; 45 s
+    and 30 s cut p99 a little further but are 5-31 % slower at 15-20 req/s
+    (the engines' FCFS queues fill with aged requests). The aging rule that trades
+    mean for tail by ordering instead is ``order="hrrn"``."""
 
     order: str = "job_time"
     """Release order. ``job_time`` (default): shortest predicted service
