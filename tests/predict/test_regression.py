@@ -180,3 +180,24 @@ def test_cli_train_embed_with_layer_budget(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["layer"] in (0, 1) and {row["layer"] for row in cfg["selection"]} == {0, 1}
     assert json.loads(r.stdout)["chosen"]["layer"] == cfg["layer"]
+
+
+def test_lbbench_run_with_a_trained_regressor(trained, tmp_path):
+    """``lbbench run --workload dataset:FILE --predictor text:DIR?model=NAME`` end to end."""
+    model, out, test = trained
+    if model.config.kind != "bow":
+        pytest.skip("one featurizer is enough for the end-to-end run")
+    from lbbench.cli import main
+
+    wl = tmp_path / "wl.jsonl"
+    wl.write_text("".join(json.dumps({"prompt": e.prompt, "output_tokens": e.output_tokens, "model": e.model})
+                          + "\n" for e in test))
+    args = ["run", "--workload", f"dataset:{wl}", "--requests", "60", "--rate", "2", "--router",
+            "round_robin,late_binding_srpt", "--format", "json", "--predictor", f"text:{out}?model=chatty-13b"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert {x["router"] for x in rows} == {"round_robin", "late_binding_srpt"}
+    assert all(x["completed"] == 60 for x in rows)
+    bad = CliRunner().invoke(main, args[:-1] + [f"text:{out}?precision=fp4"])
+    assert bad.exit_code == 2 and "precision" in bad.output
