@@ -468,7 +468,7 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli_trace", ("trace",)), ("lbbench.cli_predict", ("predictor",)),
                        ("lbbench.cli_report", ("report", "compare")), ("lbbench.cli_live", ("launch", "serve_sim")),
-                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity"))):
+                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity")), ("lbbench.cli_proxy", ("proxy",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

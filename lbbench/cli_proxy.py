@@ -1,0 +1,84 @@
+"""``lbbench proxy``: serve an OpenAI-compatible gateway in front of a fleet, routed by an lbbench router."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import click
+
+
+@click.command("proxy")
+@click.option("--endpoint", "endpoints", multiple=True, help="A backend (base URL); repeat for each.")
+@click.option("--endpoints", "endpoints_file", default=None, type=click.Path(dir_okay=False),
+              help="A file with one backend URL per line.")
+@click.option("--router", default="round_robin", show_default=True, help="Router name (lbbench routers).")
+@click.option("--router-opt", "router_opts", multiple=True, help="KEY=VALUE option for the router.")
+@click.option("--predictor", default=None, help="Output-length predictor (default: the request's max_tokens).")
+@click.option("--profile", default=None, help="Profile whose limits the router may assume for every backend.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", default=None, help="Require `Authorization: Bearer KEY`.")
+@click.option("--max-body-mb", type=click.FloatRange(min=0.001), default=8.0, show_default=True,
+              help="Refuse request bodies larger than this (413).")
+@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Re-route a request whose backend failed before its first byte.")
+@click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="On SIGTERM, seconds to let in-flight requests finish.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
+          predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
+          max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int) -> None:
+    """An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, streaming or not; /v1/models,
+    /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
+    from aiohttp import web
+
+    from .cli import _parse_value, _read_endpoints_file
+    from .harness.replay import normalize_endpoint
+    from .profiles import load_profile
+    from .proxy.gateway import Gateway, ProxyConfig
+    from .routers import get_router
+
+    urls = [normalize_endpoint(u) for u in endpoints]
+    if endpoints_file:
+        urls += [normalize_endpoint(u) for u in _read_endpoints_file(endpoints_file)]
+    if not urls:
+        raise click.UsageError("give at least one --endpoint URL (or --endpoints FILE)")
+    opts = {}
+    for o in router_opts:
+        k, eq, v = o.partition("=")
+        if not eq:
+            raise click.BadParameter(f"{o!r}: expected KEY=VALUE", param_hint="--router-opt")
+        opts[k] = _parse_value(v)
+    prof = load_profile(profile) if profile else None
+    r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
+    pred = None
+    if predictor:
+        from .predict import load_predictor
+        pred = load_predictor(predictor, profile=prof, seed=seed)
+    cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
+                      predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
+                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02)
+    gw = Gateway(cfg)
+
+    async def main() -> None:
+        runner = web.AppRunner(gw.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        click.echo(f"lbbench proxy on http://{host}:{port} routing {len(urls)} backend(s) with {router} "
+                   "(SIGTERM or Ctrl-C drains and stops)", err=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        click.echo("draining...", err=True)
+        await gw.drain(drain_timeout_s)
+        await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        raise click.UsageError(f"--port {port}: {exc.strerror or exc}") from None
+    click.echo("stopped", err=True)

@@ -1,0 +1,1 @@
+"""An OpenAI-compatible gateway driven by lbbench's dispatcher and routers (``lbbench proxy``)."""
