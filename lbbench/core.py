@@ -20,6 +20,9 @@ from typing import Any, Iterable, NamedTuple
 
 # --------------------------------------------------------------------------- requests
 
+#: tokens each prefix hash names when a request does not say (Mooncake's traces)
+DEFAULT_PREFIX_BLOCK_TOKENS = 512
+
 
 @dataclass(frozen=True, slots=True)
 class Request:

@@ -31,13 +31,13 @@ from typing import Callable
 import aiohttp
 import numpy as np
 
-from ..core import Request
+from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
 
 #: Token ids of synthetic prompts are drawn from [low, high): small ids exist in
 #: every vocabulary, including the tiny model's 2048.
 DEFAULT_TOKEN_ID_RANGE: tuple[int, int] = (100, 1000)
-#: Mooncake-style prefix hashes name blocks of this many tokens.
-PREFIX_BLOCK_TOKENS = 512
+#: Mooncake-style prefix hashes name blocks of this many tokens (unless a request says otherwise).
+PREFIX_BLOCK_TOKENS = DEFAULT_PREFIX_BLOCK_TOKENS
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX = np.uint64(0xBF58476D1CE4E5B9)
@@ -53,8 +53,8 @@ def _mix_ids(seed: int, n: int, low: int, high: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=4096)
-def _block_ids(block_hash: int, low: int, high: int) -> tuple[int, ...]:
-    return tuple(_mix_ids(0x51ED270B ^ (block_hash * 1000003), PREFIX_BLOCK_TOKENS, low, high).tolist())
+def _block_ids(block_hash: int, low: int, high: int, block_tokens: int = PREFIX_BLOCK_TOKENS) -> tuple[int, ...]:
+    return tuple(_mix_ids(0x51ED270B ^ (block_hash * 1000003), block_tokens, low, high).tolist())
 
 
 def prompt_token_ids(request: Request, token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE) -> list[int]:
@@ -71,7 +71,7 @@ def prompt_token_ids(request: Request, token_id_range: tuple[int, int] = DEFAULT
         for h in request.prefix_hashes:
             if len(ids) >= n:
                 break
-            ids.extend(_block_ids(int(h), low, high))
+            ids.extend(_block_ids(int(h), low, high, request.prefix_block_tokens or PREFIX_BLOCK_TOKENS))
         del ids[n:]
     if len(ids) < n:
         seed = (request.request_id + 1) * 0x2545F4914F6CDD1D

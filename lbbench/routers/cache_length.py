@@ -5,22 +5,27 @@ For each instance it estimates, in seconds, how much latency the request adds
 to everyone there, from the profile's step-time model and what a client sees:
 
 - the request's own time: the uncached prompt tokens queued ahead of it there
-  plus its own (prompt minus the expected cache hit), then its predicted
-  output length at that instance's decode step time;
+  plus its own (prompt minus the expected cache hit), plus, when every
+  sequence slot (``max_num_seqs``) is taken, the wait for enough requests to
+  finish; then its predicted output length at that instance's decode step time;
 - what it costs the others: its prefill holds up the decoding requests there
   (a vLLM V0 prefill step pauses them; in V1 it lengthens their step), and its
   decode adds to their step time for as long as both run.
 
 The cost is time to first token plus ``decode_weight`` times the decode terms
-(own decode time and the others' delay).
+(own decode time and the others' delay). ``decode_weight = 0.1`` was chosen on
+the tuning quarter of the Mooncake trace (0, 0.1, 0.3 and 1 tried at 8 and
+12 req/s; ``bench/eval_prefix_routers.py --split tune``): lowest mean TTFT there.
 
 The expected hit comes from the router's own prefix trees (what it sent where,
 LRU-bounded by the instance's KV capacity); the uncached prompt work queued at
 an instance is tracked from dispatches and first tokens. Instances whose
 predicted KV footprint (prompt + predicted output of everything outstanding,
 less what the new request finds cached) would exceed ``1 - kv_slack`` of their
-capacity are avoided, since a full cache means preemptions; if every instance
-is that full, the one with the most headroom is taken.
+capacity are avoided, since a full cache means preemptions, and so are
+instances whose sequence slots are all taken (the request would wait there for
+a finish); a free slot weighs more than KV headroom. If every instance is short
+of both, the one with the most headroom is taken.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from .registry import register
                                 "predicted output length; avoids instances short of KV headroom")
 class CacheLengthAware(_Base):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 kv_slack: float = 0.1, decode_weight: float = 1.0, lru_tokens: int | None = None, **kw: Any):
+                 kv_slack: float = 0.1, decode_weight: float = 0.1, lru_tokens: int | None = None, **kw: Any):
         super().__init__(num_instances, seed, profile, **kw)
         self.prof = profile if profile is not None else load_profile("llama3.1-8b-a100")
         if not 0 <= kv_slack < 1:
@@ -85,8 +90,11 @@ class CacheLengthAware(_Base):
             n_dec = iv.num_decoding
             ctx = iv.context_tokens + r.prompt_tokens + out / 2
             step = base + b * (n_dec + 1) + c * ctx
-            ttft = a * (self.pending[iv.index] + uncached) + base
             mean_left = iv.predicted_tokens_remaining / max(1, iv.num_outstanding)
+            ttft = a * (self.pending[iv.index] + uncached) + base
+            excess = iv.num_outstanding + 1 - iv.spec.max_num_seqs
+            if excess > 0:  # no free sequence slot: it waits for finishes (n_dec finish per mean_left steps)
+                ttft += excess * mean_left * step / max(1, n_dec)
             others = n_dec * (a * uncached + min(out, mean_left) * (b + c * (r.prompt_tokens + out / 2)))
             costs[iv.index] = ttft + self.decode_weight * (out * step + others)
             cap = iv.spec.kv_capacity_tokens
@@ -94,8 +102,10 @@ class CacheLengthAware(_Base):
         if not costs:
             return None
         fits = {i for i, h in headroom.items() if h >= 0}
-        if fits:
-            inst = self._argmin(view, lambda iv: costs[iv.index] if iv.index in fits else float("inf"))
+        free = {iv.index for iv in view.instances if iv.index in costs and iv.num_outstanding < iv.spec.max_num_seqs}
+        pool = (fits & free) or free or fits
+        if pool:
+            inst = self._argmin(view, lambda iv: costs[iv.index] if iv.index in pool else float("inf"))
         else:
             inst = self._argmin(view, lambda iv: -headroom.get(iv.index, float("-inf")))
         assert inst is not None

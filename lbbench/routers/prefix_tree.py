@@ -17,15 +17,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..core import Request
-
-#: tokens per prefix hash when a request does not say (Mooncake's traces)
-DEFAULT_BLOCK_TOKENS = 512
+from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
 
 
 def prompt_chains(request: Request) -> tuple[list[int], int]:
     """The request's prefix-hash chain over its prompt, and the tokens per hash."""
-    g = request.prefix_block_tokens or DEFAULT_BLOCK_TOKENS
+    g = request.prefix_block_tokens or DEFAULT_PREFIX_BLOCK_TOKENS
     hashes = request.prefix_hashes
     if not hashes:
         return [], g

@@ -28,10 +28,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..core import Request
-
-#: tokens per prefix hash when a request does not say (Mooncake's traces)
-DEFAULT_PREFIX_BLOCK_TOKENS = 512
+from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
 
 
 def block_keys(request: Request, block_size: int) -> list[int]:

@@ -80,3 +80,15 @@ def test_closed_loop_in_requests_parquet(tmp_path):
 def test_unknown_workload_lists_sessions():
     res = CliRunner().invoke(main, ["run", "--workload", "sesions", "--requests", "5"])
     assert res.exit_code == 2 and "sessions[:K=V,...]" in res.output
+
+
+def test_live_prompts_repeat_the_earlier_turn_token_for_token():
+    from lbbench.harness.http import prompt_token_ids
+    reqs = sessions(200, 10.0, seed=2, spec=SessionSpec(turns=4, system=100, block=16))
+    by = {(r.session_id, r.turn): r for r in reqs}
+    pairs = [(r, by[(r.session_id, r.turn + 1)]) for r in reqs if (r.session_id, r.turn + 1) in by]
+    assert pairs
+    for a, b in pairs[:20]:
+        ids_a, ids_b = prompt_token_ids(a), prompt_token_ids(b)
+        assert len(ids_a) == a.prompt_tokens and len(ids_b) == b.prompt_tokens
+        assert ids_b[:a.prompt_tokens] == ids_a  # a real engine's prefix cache sees the sharing
