@@ -168,7 +168,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each.")
 @click.option("--launch", "launch_model", default=None,
               help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured as "
-                   "the profile says (max_num_seqs, token budget, chunked prefill; prefix caching off).")
+                   "the profile says (max_num_seqs, token budget, chunked prefill, prefix caching).")
 @click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch.")
 @click.option("--workload", default="poisson", show_default=True,
               help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace).")
@@ -186,6 +186,9 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
               help="Live replays per router, interleaved by router.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@click.option("--prefix-caching/--no-prefix-caching", default=None,
+              help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "
+                   "are compared too.")
 @click.option("--max-error-pct", type=click.FloatRange(min=0), default=None,
               help="Exit 1 when any router's mean E2E error exceeds this (a regression gate).")
 @click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
@@ -194,7 +197,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
                  workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, routers: str,
-                 requests: int, rate: float, repeats: int, seed: int, predictor: str,
+                 requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
                  max_error_pct: float | None, vllm_python: str | None, log_dir: str, port_base: int,
                  fmt: str) -> None:
     """Replay the same requests live and in the simulator with the same routers; report per router the error
@@ -212,6 +215,8 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
         raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)
+    if prefix_caching is not None:
+        prof = prof.with_overrides(enable_prefix_caching=prefix_caching)
     cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
                     trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
                     seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
@@ -219,7 +224,8 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
     if launch_model is not None:
         ctx = launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
                      max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
-                     log_dir=log_dir, port_base=port_base, extra_args=["--no-enable-prefix-caching"])
+                     log_dir=log_dir, port_base=port_base,
+                     extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"])
     else:
         ctx = contextlib.nullcontext(list(endpoint))
     with ctx as urls:
@@ -241,6 +247,9 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
                       f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{r.e2e_mape_pct:.1f}",
                       f"{r.live['mean_ttft_s']:.3f}", f"{r.sim['mean_ttft_s']:.3f}", f"{r.ttft_mean_error_pct:+.1f}",
                       f"{r.tbt_mean_error_pct:+.1f}", f"{r.live['p99_e2e_s']:.2f} / {r.sim['p99_e2e_s']:.2f}")
+            if r.live_prefix_hit_rate is not None or r.sim_prefix_hit_rate is not None:
+                click.echo(f"{r.router}: prefix-cache hit rate live {r.live_prefix_hit_rate}, "
+                           f"sim {r.sim_prefix_hit_rate}", err=True)
         Console().print(t)
     if max_error_pct is not None and worst > max_error_pct:
         click.echo(f"Error: mean E2E error {worst:.1f} % exceeds --max-error-pct {max_error_pct:g}", err=True)

@@ -6,7 +6,9 @@ every router alike) and simulated once with the profile. Per router it reports l
 p99 E2E and TTFT and mean TBT, the relative error of each simulated mean against the live mean over repeats,
 the per-request E2E MAPE (simulated against each live repeat, averaged), and the live run-to-run spread of the
 mean E2E ((max - min) / mean over repeats): an error inside the spread is noise, not bias. ``rank_tau`` is
-Kendall's τ between the routers' live and simulated mean E2E.
+Kendall's τ between the routers' live and simulated mean E2E. With prefix caching on in the profile, the share of
+prompt tokens served from the cache is compared too (live: the deltas of vLLM's ``vllm:prefix_cache_hits`` and
+``vllm:prefix_cache_queries`` counters over each replay; simulated: the records' ``cached_prompt_tokens``).
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ class RouterFidelity:
     ttft_mean_error_pct: float
     tbt_mean_error_pct: float
     live_mean_e2e_by_repeat_s: list[float] = field(default_factory=list)
+    #: prefix caching on: share of prompt tokens served from the cache (live: vLLM's prefix_cache counters)
+    live_prefix_hit_rate: float | None = None
+    sim_prefix_hit_rate: float | None = None
 
     def as_dict(self) -> dict:
         return {"router": self.router, "live_mean_e2e_s": self.live["mean_e2e_s"],
                 "sim_mean_e2e_s": self.sim["mean_e2e_s"], "live_spread_pct": self.live_spread_pct,
                 "mean_e2e_error_pct": self.mean_e2e_error_pct, "e2e_mape_pct": self.e2e_mape_pct,
                 "ttft_mean_error_pct": self.ttft_mean_error_pct, "tbt_mean_error_pct": self.tbt_mean_error_pct,
-                "live": self.live, "sim": self.sim, "live_mean_e2e_by_repeat_s": self.live_mean_e2e_by_repeat_s}
+                "live": self.live, "sim": self.sim, "live_mean_e2e_by_repeat_s": self.live_mean_e2e_by_repeat_s,
+                "live_prefix_hit_rate": self.live_prefix_hit_rate, "sim_prefix_hit_rate": self.sim_prefix_hit_rate}
 
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "mean_tbt_s")
@@ -69,6 +75,37 @@ def e2e_mape_pct(sim: Sequence[RequestRecord], live: Sequence[RequestRecord]) ->
     return float(((j["sim"] - j["live"]).abs() / j["live"]).mean() * 100.0)
 
 
+def sim_hit_rate(records: Sequence[RequestRecord]) -> float | None:
+    """Cached prompt tokens over prompt tokens of the completed requests (None without prefix caching)."""
+    done = [r for r in records if r.error is None and r.cached_prompt_tokens is not None]
+    total = sum(r.prompt_tokens for r in done)
+    return sum(r.cached_prompt_tokens for r in done) / total if done and total else None
+
+
+_PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def prefix_counters(endpoints: Sequence[str]) -> tuple[float, float] | None:
+    """(queried, hit) prompt tokens summed over ``endpoints`` from vLLM's counters; None if any lacks them."""
+    import urllib.request
+    sums = [0.0, 0.0]
+    for url in endpoints:
+        try:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        found = [False, False]
+        for line in text.splitlines():
+            for k, name in enumerate(_PREFIX_COUNTERS):
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    sums[k] += float(line.rsplit(" ", 1)[1])
+                    found[k] = True
+        if not all(found):
+            return None
+    return sums[0], sums[1]
+
+
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's τ-a between two equally long sequences (ties count zero)."""
     n = len(x)
@@ -86,8 +123,10 @@ def _err(sim: float, live: float) -> float:
 
 
 def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
-            live_runs: dict[str, list[list[RequestRecord]]]) -> tuple[float, list[RouterFidelity]]:
-    """(rank_tau, per-router comparison) from simulated and repeated live records."""
+            live_runs: dict[str, list[list[RequestRecord]]],
+            live_hits: dict[str, list[float]] | None = None) -> tuple[float, list[RouterFidelity]]:
+    """(rank_tau, per-router comparison) from simulated and repeated live records (and live prefix-cache hit
+    rates per repeat, when measured)."""
     out = []
     for name in routers:
         sim = stats(sim_runs[name])
@@ -100,7 +139,9 @@ def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
             router=name, live=live, sim={k: sim[k] for k in STATS}, live_spread_pct=spread,
             mean_e2e_error_pct=_err(sim["mean_e2e_s"], live["mean_e2e_s"]), e2e_mape_pct=mape,
             ttft_mean_error_pct=_err(sim["mean_ttft_s"], live["mean_ttft_s"]),
-            tbt_mean_error_pct=_err(sim["mean_tbt_s"], live["mean_tbt_s"]), live_mean_e2e_by_repeat_s=means))
+            tbt_mean_error_pct=_err(sim["mean_tbt_s"], live["mean_tbt_s"]), live_mean_e2e_by_repeat_s=means,
+            live_prefix_hit_rate=float(np.mean(live_hits[name])) if live_hits and live_hits.get(name) else None,
+            sim_prefix_hit_rate=sim_hit_rate(sim_runs[name])))
     tau = kendall_tau([r.live["mean_e2e_s"] for r in out], [r.sim["mean_e2e_s"] for r in out])
     return tau, out
 
@@ -124,13 +165,18 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
     for name in routers:
         sim_runs[name] = ClusterSim(profile, n, requests, seed=seed, run_id="fidelity-sim").run(router(name))
     live_runs: dict[str, list[list[RequestRecord]]] = {name: [] for name in routers}
+    live_hits: dict[str, list[float]] = {name: [] for name in routers}
     for k in range(repeats):
         order = list(routers[k % len(routers):]) + list(routers[:k % len(routers)])
         for name in order:
+            before = prefix_counters(endpoints) if profile.enable_prefix_caching else None
             res = run_replay(requests, router(name), endpoints, specs=specs, run_id=f"fidelity-live-{k}",
                              seed=seed, min_step_s=profile.min_step_s, scrape_interval_s=None)
             if not res.complete:
                 raise RuntimeError(f"live replay of {name} (repeat {k + 1}) did not complete")
             live_runs[name].append(res.records)
+            after = prefix_counters(endpoints) if before is not None else None
+            if after is not None and after[0] > before[0]:
+                live_hits[name].append((after[1] - before[1]) / (after[0] - before[0]))
             progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(res.records)['mean_e2e_s']:.3f} s")
-    return compare(routers, sim_runs, live_runs)
+    return compare(routers, sim_runs, live_runs, live_hits)
