@@ -89,8 +89,11 @@ def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | Non
 
     n = cfg.requests
     if cfg.trace:
+        from .workloads.session_traces import is_session_trace, load_session_trace
         from .workloads.traces import load_trace_requests
         opts = dict(cfg.trace_options)
+        if is_session_trace(cfg.trace):  # conversations (chat_id / parent_chat_id): replayed closed loop
+            return load_session_trace(cfg.trace, rate=cfg.rate_per_s, requests=n, **opts)
         return load_trace_requests(cfg.trace, rate=cfg.rate_per_s, requests=n, **opts)
     rate = cfg.rate_per_s if cfg.rate_per_s is not None else 20.0
     n = n if n is not None else 2000

@@ -92,3 +92,40 @@ def test_live_prompts_repeat_the_earlier_turn_token_for_token():
         ids_a, ids_b = prompt_token_ids(a), prompt_token_ids(b)
         assert len(ids_a) == a.prompt_tokens and len(ids_b) == b.prompt_tokens
         assert ids_b[:a.prompt_tokens] == ids_a  # a real engine's prefix cache sees the sharing
+
+
+def _bailian(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_conversation_trace_replays_closed_loop(tmp_path):
+    rows = []
+    for s in range(6):
+        parent = -1
+        for turn in range(3):
+            chat = s * 10 + turn
+            rows.append({"chat_id": chat, "parent_chat_id": parent, "timestamp": s * 0.5 + turn * 0.01,
+                         "input_length": 200 * (turn + 1), "output_length": 40, "turn": turn + 1,
+                         "hash_ids": list(range(s * 100, s * 100 + 13 * (turn + 1)))})
+            parent = chat
+    trace = _bailian(tmp_path / "conv.jsonl", rows)
+    from lbbench.workloads.session_traces import is_session_trace, load_session_trace
+    assert is_session_trace(trace)
+    reqs = load_session_trace(trace)
+    assert len({r.session_id for r in reqs}) == 6 and {r.turn for r in reqs} == {1, 2, 3}
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["run", "--profile", "llama3.1-8b-a100", "--instances", "2", "--trace",
+                                    str(trace), "--router", "session_affinity", "--prefix-caching", "on",
+                                    "--out", str(out), "--format", "json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    df = pl.read_parquet(out / "requests.parquet").sort("session_id", "turn")
+    pairs = df.with_columns(prev=pl.col("finish_s").shift(1).over("session_id")).drop_nulls("prev")
+    assert pairs.height == 12
+    # recorded 10 ms after the previous turn, which takes longer: sent when it finished
+    assert ((pairs["arrival_s"] - pairs["prev"]).abs() < 1e-9).all()
+    assert pairs["cached_prompt_tokens"].min() > 0  # the conversation so far is reused
+    bad = _bailian(tmp_path / "bad.jsonl", [{"chat_id": 1, "parent_chat_id": -1, "timestamp": 0,
+                                              "input_length": "x", "output_length": 3}])
+    res = CliRunner().invoke(main, ["run", "--trace", str(bad), "--router", "round_robin"])
+    assert res.exit_code == 2 and "row 1: input_length" in res.output
