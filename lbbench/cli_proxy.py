@@ -77,8 +77,10 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         await gw.drain(drain_timeout_s)
         await runner.cleanup()
 
+    from .harness.replay import new_event_loop
     try:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=new_event_loop) as runner_:
+            runner_.run(main())
     except OSError as exc:
         raise click.UsageError(f"--port {port}: {exc.strerror or exc}") from None
     click.echo("stopped", err=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -153,6 +154,23 @@ class StreamResult:
 TokenCallback = Callable[[int, float], None]
 
 
+_TOKEN_IDS = re.compile(rb'"token_ids":\s*\[([^\]]*)\]')
+_TEXT = re.compile(rb'"(?:text|content)":\s*"(.)')
+_NEEDS_PARSE = re.compile(rb'"usage":\s*\{|"error"')
+
+
+def event_tokens(data: bytes) -> int | None:
+    """Tokens carried by one streamed event, read off the bytes without decoding the JSON: the length of each
+    choice's ``token_ids`` when present, else one per choice with non-empty ``text``/``content``. None when the
+    event must be parsed (it carries usage counts or an error)."""
+    if _NEEDS_PARSE.search(data):
+        return None
+    ids = _TOKEN_IDS.findall(data)
+    if ids:
+        return sum(g.count(b",") + 1 for g in ids if g.strip())
+    return sum(1 for m in _TEXT.finditer(data) if m.group(1) != b'"')
+
+
 def _count_tokens(choice: dict) -> int:
     ids = choice.get("token_ids")
     if ids is not None:
@@ -242,6 +260,10 @@ class HttpBackend:
                     data_s = line[5:].strip()
                     if data_s == b"[DONE]":
                         done = True
+                        continue
+                    fast = event_tokens(data_s)
+                    if fast is not None:  # the common case: a token chunk, no JSON decoding
+                        got += fast
                         continue
                     obj = json.loads(data_s)
                     if "error" in obj and not obj.get("choices"):

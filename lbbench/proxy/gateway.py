@@ -240,6 +240,7 @@ class Gateway:
         rid, observe = req.request_id, self.dispatcher.observe
         headers = {"Content-Type": "application/json"}
         out: web.StreamResponse | None = None
+        settled = False
         try:
             async with self.session.post(url, data=raw, headers=headers) as up:
                 if up.status != 200 or not stream:
@@ -262,24 +263,46 @@ class Gateway:
                 first_s = None
                 count = 0
                 last_s = -1e9
-                async for chunk in up.content.iter_any():
+                upstream_done = False
+                try:
+                    async for chunk in up.content.iter_any():
+                        now = self.now()
+                        await out.write(chunk)
+                        count += chunk.count(b'"text":') + chunk.count(b'"content":')
+                        if first_s is None:
+                            first_s = now
+                            observe(FirstToken(rid, inst, now))
+                            last_s = now
+                        elif now - last_s >= self.cfg.min_step_s:
+                            observe(TokensGenerated(rid, inst, now, max(count, 1)))
+                            last_s = now
+                    upstream_done = True
+                    await out.write_eof()
+                except (ConnectionResetError, asyncio.CancelledError):
+                    # the client went away; if the backend had sent everything, the request did finish
+                    settled = True
                     now = self.now()
-                    await out.write(chunk)
-                    count += chunk.count(b'"text":') + chunk.count(b'"content":')
-                    if first_s is None:
-                        first_s = now
-                        observe(FirstToken(rid, inst, now))
-                        last_s = now
-                    elif now - last_s >= self.cfg.min_step_s:
-                        observe(TokensGenerated(rid, inst, now, max(count, 1)))
-                        last_s = now
-                await out.write_eof()
+                    if upstream_done:
+                        observe(Finished(rid, inst, now, max(count, 1)))
+                        self.metrics.count("200")
+                        self.metrics.observe_done(now - t0, (first_s if first_s is not None else now) - t0)
+                    else:
+                        observe(Failed(rid, inst, now, "client disconnected"))
+                        self.metrics.count("client_closed")
+                    self._epoch()
+                    raise
                 now = self.now()
                 observe(Finished(rid, inst, now, max(count, 1)))
                 self.metrics.count("200")
                 self.metrics.observe_done(now - t0, (first_s if first_s is not None else now) - t0)
                 self._epoch()
                 return out, "", False
+        except asyncio.CancelledError:
+            if not settled:  # the client went away while the backend was still answering
+                observe(Failed(rid, inst, self.now(), "client disconnected"))
+                self.metrics.count("client_closed")
+                self._epoch()
+            raise
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
             now = self.now()
             err = f"{type(exc).__name__}: {exc}"
