@@ -28,7 +28,7 @@ Reported per test corpus: pooled Kendall tau (all generators together, so a
 model's verbosity counts), within-generator tau per test model (what a router
 serving that one model gets), accuracy against both majority baselines (the
 training set's majority bucket, and the test set's own majority in hindsight),
-p90 coverage and MAE; ``embed`` also in bf16 and int8. Generators are tagged
+p90 coverage and MAE; ``embed`` and ``embed ≤1 layer`` also in bf16 and int8. Generators are tagged
 ``same`` (the same model generated training answers: text-davinci-003),
 ``family`` (another snapshot of a trained model: gpt-3.5-turbo, vicuna-7b) or
 ``cross``.
@@ -92,7 +92,8 @@ def run_direction(name: str, train: list[Example], tests: dict[str, list[Example
         with tempfile.TemporaryDirectory() as d:
             model.save(d)
             for tname, rows in tests.items():
-                rep = evaluate_dir(d, rows, precision="fp32", compare_precisions=pname == "embed")
+                rep = evaluate_dir(d, rows, precision="fp32",
+                                   compare_precisions=pname in ("embed", "embed ≤1 layer"))
                 for m in rep["per_model"]:
                     m["relation"] = relation(m["model"], train_models)
                 out.append({"direction": name, "predictor": pname, "test": tname, "report": rep,

@@ -25,6 +25,7 @@ Reported (fixed metric names, used by ``lbbench predictor eval --format json``):
   ``accuracy_<precision>``.
 
 Length regressors (``embed``/``bow``) are conditioned on each row's ``model``.
+An undefined metric (tau of constant predictions, say) is ``None``.
 """
 
 from __future__ import annotations
@@ -204,7 +205,18 @@ _ORDER = ("kind", "scheme", "n", "accuracy", "kendall_tau", "spearman_rho", "mae
           "num_tasks", "num_rows_seen_in_training", "train_seconds")
 
 
+def _nan_to_none(x: Any) -> Any:
+    """Undefined metrics (e.g. tau of constant predictions) become ``None`` (JSON ``null``)."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
 def _ordered(d: dict[str, Any]) -> dict[str, Any]:
     out = {k: d[k] for k in _ORDER if k in d}
     out.update({k: v for k, v in d.items() if k not in out})
-    return out
+    return _nan_to_none(out)

@@ -81,6 +81,12 @@ def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
               "majority_baseline_accuracy", "prompt_length_baseline_accuracy", "task_classifier_accuracy"):
         assert 0.0 <= rep[k] <= 1.0
     assert sum(map(sum, rep["confusion"])) == 12
+    # tau is undefined (null) when the tiny model predicts one bucket for every row
+    for k in ("kendall_tau", "spearman_rho", "p90_coverage", "prompt_length_baseline_kendall_tau"):
+        assert rep[k] is None or -1.0 <= rep[k] <= 1.0
+    predicted_buckets = sum(1 for column in zip(*rep["confusion"]) if sum(column))
+    assert (rep["kendall_tau"] is None) == (predicted_buckets == 1)
+    assert rep["mae_tokens"] >= 0 and rep["per_model"][0]["n"] == 12
     res = CliRunner().invoke(predictor, ["eval", "--model", str(out), "--data", str(data)])
     assert res.exit_code == 0 and "confusion" in res.output
 
