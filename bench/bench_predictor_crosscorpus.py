@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--predictors", default="embed,embed (no model name),bow ridge",
                     help=f"comma-separated subset of: {', '.join(PREDICTORS)}")
     ap.add_argument("--no-mixed", action="store_true", help="skip the leave-one-corpus-out directions")
+    ap.add_argument("--mixed-only", action="store_true", help="run the leave-one-corpus-out directions only")
     args = ap.parse_args()
     try:
         import torch
@@ -158,9 +159,12 @@ def main() -> None:
     for p in predictors:
         if p not in PREDICTORS:
             ap.error(f"--predictors: unknown {p!r}")
-    results = run_direction("alpaca_eval →", a, {"vicuna_bench": b, "self_instruct": c}, scheme, predictors, log)
-    results += run_direction("vicuna_bench + self_instruct →", b + c, {"alpaca_eval": a_unseen}, scheme,
-                             predictors, log)
+    results = []
+    if not args.mixed_only:
+        results += run_direction("alpaca_eval →", a, {"vicuna_bench": b, "self_instruct": c}, scheme, predictors,
+                                 log)
+        results += run_direction("vicuna_bench + self_instruct →", b + c, {"alpaca_eval": a_unseen}, scheme,
+                                 predictors, log)
     if not args.no_mixed:
         # leave one corpus out: train on every other shared corpus with response lengths (incl. the
         # Alpaca-style GPT-4 demo set), test on the one left out
