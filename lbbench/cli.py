@@ -38,7 +38,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                       ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.harness.launcher", "LaunchError"),
                       ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
                       ("lbbench.profiling.models", "ModelConfigError"),
-                      ("lbbench.profiling.measure", "MeasureError")):
+                      ("lbbench.profiling.measure", "MeasureError"),
+                      ("lbbench.harness.text_prompts", "TextPromptError")):
         try:
             errs.append(getattr(importlib.import_module(mod), name))
         except (ImportError, AttributeError):
@@ -220,6 +221,12 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
 @click.option("--model", default=None, help="Model name to request from endpoints (default: the first served).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--prompt-mode", type=click.Choice(["auto", "ids", "text"]), default="auto", show_default=True,
+              help="Live runs: send prompts as token ids (exact; vLLM) or as text built to the exact length "
+                   "(gateways that take only text); auto: ids unless the endpoint refuses them.")
+@click.option("--tokenizer", default=None,
+              help="Text prompts: a local tokenizer (tokenizer.json or a Hugging Face directory) to make lengths "
+                   "exact; default: the endpoint's /tokenize, else approximate lengths with a warning.")
 @click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True,
               help="Live runs: seconds before a request is recorded as failed.")

@@ -36,8 +36,10 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
     if variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
         from .routers.priority import request_priority
         priority_of = lambda r: request_priority(r, profile)  # noqa: E731
+    texts_for_seed = _prompt_texts(endpoints, kw, progress.console)
     for seed in cfg.seed_list():
         reqs = annotate(build_requests(cfg, profile, seed, variant.order), predictor)
+        prompt_texts = texts_for_seed(reqs)
         for name in cfg.routers:
             router = get_router(name, num_instances=len(endpoints), seed=seed, profile=profile,
                                 **cfg.router_options.get(name, {}))
@@ -49,13 +51,20 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
                                  seed=seed, out_dir=out_dir / "partial" / label,
                                  request_timeout_s=kw.get("request_timeout", 600.0),
                                  api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
-                                 priority_of=priority_of,
+                                 priority_of=priority_of, prompt_texts=prompt_texts,
                                  progress=lambda done, total, _t=task: progress.update(_t, completed=done))
             except EndpointError as exc:
                 # an instance died between replays: keep what was measured, mark the run incomplete
                 progress.console.print(f"[red]stopping: {exc}[/red]")
                 return False
             progress.remove_task(task)
+            if prompt_texts:
+                from .harness.text_prompts import prompt_length_mismatches
+                bad = prompt_length_mismatches(res.records)
+                if bad:
+                    progress.console.print(f"[yellow]warning: {bad} of {len(res.records)} requests of {label} "
+                                           "reached the server with another prompt length than asked "
+                                           "(text prompts; give --tokenizer for exact lengths)[/yellow]")
             extra = run_columns(cfg, profile, variant)
             for r in res.records:
                 r.router = name
@@ -67,6 +76,38 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
             if not res.complete:
                 return False
     return True
+
+
+def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
+    """A function from a seed's requests to their text prompts ({} when token ids are sent)."""
+    from .harness.replay import served_models
+    from .harness.text_prompts import (accepts_token_ids, endpoint_counter, local_counter, texts_for)
+
+    mode = kw.get("prompt_mode") or "auto"
+    if mode == "ids":
+        return lambda reqs: {}
+    model = kw.get("model") or served_models(endpoints[0])[0]
+    if mode == "auto" and accepts_token_ids(endpoints[0], model):
+        return lambda reqs: {}
+    count = None
+    if kw.get("tokenizer"):
+        count = local_counter(kw["tokenizer"])
+    else:
+        probe = endpoint_counter(endpoints[0], model)
+        try:
+            probe("probe")
+            count = probe
+        except Exception:  # noqa: BLE001 - no /tokenize there: approximate lengths, said once
+            console.print("[yellow]warning: text prompts with approximate lengths (the endpoint has no "
+                          "/tokenize; give --tokenizer PATH for exact ones)[/yellow]")
+    console.print(f"sending text prompts ({'exact lengths' if count else 'approximate lengths'})")
+
+    def texts(reqs):
+        out, inexact = texts_for(reqs, count)
+        if count is not None and inexact:
+            console.print(f"[yellow]warning: {inexact} prompts could not be built to their exact length[/yellow]")
+        return out
+    return texts
 
 
 def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: list[str], out_dir: Path,

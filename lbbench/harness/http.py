@@ -88,9 +88,11 @@ def synthetic_text(request: Request) -> str:
 
 
 def request_body(request: Request, model: str, api: str = "completions",
-                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE, priority: int | None = None) -> dict:
+                 token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE, priority: int | None = None,
+                 text: str | None = None) -> dict:
     """The JSON body for one request (streaming, exact output length); ``priority`` for
-    servers run with vLLM's ``--scheduling-policy priority`` (smaller is served first)."""
+    servers run with vLLM's ``--scheduling-policy priority`` (smaller is served first);
+    ``text`` replaces the token-id prompt (endpoints that take only text)."""
     n = int(request.output_tokens)
     body: dict = {
         "model": model,
@@ -103,9 +105,12 @@ def request_body(request: Request, model: str, api: str = "completions",
         "return_token_ids": True,
     }
     if api == "chat":
-        body["messages"] = [{"role": "user", "content": request.prompt or synthetic_text(request)}]
+        body["messages"] = [{"role": "user", "content": request.prompt or text or synthetic_text(request)}]
     elif api == "completions":
-        body["prompt"] = request.prompt if request.prompt is not None else prompt_token_ids(request, token_id_range)
+        if request.prompt is not None:
+            body["prompt"] = request.prompt
+        else:
+            body["prompt"] = text if text is not None else prompt_token_ids(request, token_id_range)
     else:
         raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
     if priority is not None:
@@ -187,7 +192,8 @@ class HttpBackend:
     def __init__(self, *, model: str, clock: Callable[[], float], api: str = "completions",
                  request_timeout_s: float = 600.0,
                  token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
-                 priority_of: Callable[[Request], int] | None = None):
+                 priority_of: Callable[[Request], int] | None = None,
+                 prompt_texts: dict[int, str] | None = None):
         if api not in ("completions", "chat"):
             raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
         self.model = model
@@ -196,6 +202,7 @@ class HttpBackend:
         self.request_timeout_s = request_timeout_s
         self.token_id_range = token_id_range
         self.priority_of = priority_of  # None: no priority field (vLLM rejects one under fcfs)
+        self.prompt_texts = prompt_texts or {}  # text prompts by request id (text-only endpoints)
         self._path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         self.session: aiohttp.ClientSession | None = None
 
@@ -216,7 +223,8 @@ class HttpBackend:
         """Stream one request to ``base_url``; never raises for server or network faults."""
         assert self.session is not None, "use HttpBackend as an async context manager"
         prio = self.priority_of(request) if self.priority_of is not None else None
-        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio)).encode()
+        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio,
+                                          self.prompt_texts.get(request.request_id))).encode()
         url = base_url + self._path
         res = StreamResult(actual_send_s=self.clock())
         try:

@@ -141,7 +141,8 @@ class _Replay:
                  out_dir: Path | None, scrape_interval_s: float | None, request_timeout_s: float,
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
-                 early_wake_s: float, priority_of: Callable[[Request], int] | None = None):
+                 early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
+                 prompt_texts: dict[int, str] | None = None):
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         self.router = router
         self.endpoints = endpoints
@@ -159,6 +160,7 @@ class _Replay:
         self.warm_connections = warm_connections
         self.early_wake_s = early_wake_s
         self.priority_of = priority_of
+        self.prompt_texts = prompt_texts
         self.state = ClusterState(specs)
         self.dispatcher = Dispatcher(router, self.state)
         self.records: list[RequestRecord] = []
@@ -190,7 +192,7 @@ class _Replay:
         try:
             async with HttpBackend(model=self.model, clock=self.now, api=self.api,
                                    request_timeout_s=self.request_timeout_s,
-                                   priority_of=self.priority_of) as backend:
+                                   priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
                 self.backend = backend
                 await self._warm_pool()
                 self.t0 = self.loop.time() + 0.01  # a little lead-in for the first arrival
@@ -439,7 +441,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                progress: Callable[[int, int], None] | None = None,
                health_interval_s: float = 0.5, stall_timeout_s: float = 30.0,
                warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
-               priority_of: Callable[[Request], int] | None = None) -> ReplayResult:
+               priority_of: Callable[[Request], int] | None = None,
+               prompt_texts: dict[int, str] | None = None) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -447,7 +450,9 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     the clock starts; ``early_wake_s`` trades a little CPU (the scheduler yields
     in a loop for that long before each arrival) for sub-millisecond send
     precision (0 turns it off). ``priority_of`` gives each request the ``priority``
-    field it is sent with (servers under vLLM's priority scheduling policy).
+    field it is sent with (servers under vLLM's priority scheduling policy). ``prompt_texts``
+    (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
+    endpoints that take only text.
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -472,7 +477,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      api=api, min_step_s=min_step_s, progress=progress,
                      health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
-                     priority_of=priority_of)
+                     priority_of=priority_of, prompt_texts=prompt_texts)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}
