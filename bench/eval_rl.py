@@ -29,7 +29,7 @@ LEARNED = ("baseline_rl", "wa_rl", "wgrl")
 def run_cli(args: argparse.Namespace, out_dir: str) -> tuple[list[dict], list[str], float]:
     cmd = ["lbbench", "run", "--profile", args.profile, "--instances", str(args.instances),
            "--router", args.routers, "--predictor", args.predictor, "--seeds", str(args.seeds),
-           "--format", "json", "--out", out_dir]
+           "--format", "json"]
     if args.trace:
         cmd += ["--trace", args.trace]
     else:
@@ -43,7 +43,7 @@ def run_cli(args: argparse.Namespace, out_dir: str) -> tuple[list[dict], list[st
     cmd += shlex.split(args.extra)
     t0 = time.perf_counter()
     exe = str(Path(sys.executable).with_name("lbbench"))
-    res = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True)
+    res = subprocess.run([exe, *cmd[1:], "--out", out_dir], capture_output=True, text=True)
     if res.returncode != 0:
         raise SystemExit(f"lbbench run failed ({res.returncode}): {res.stderr.strip()[-400:]}")
     return json.loads(res.stdout), cmd, time.perf_counter() - t0
@@ -101,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows, cmd, wall_s = run_cli(args, tmp)
-    print("command: " + " ".join(shlex.quote(c) for c in cmd[:-2]))
+    print("command: " + " ".join(shlex.quote(c) for c in cmd))
     print(f"wall time: {wall_s:.0f} s\n")
     print("| router | mean E2E (s) | vs round robin | p50 / p99 E2E (s) | preemptions | router wait (s) "
           "| OOD fallbacks |")
