@@ -69,6 +69,9 @@ def fallback_share(args: argparse.Namespace, router: str) -> float | None:
     extra = shlex.split(args.extra)
     if "--max-prompt-tokens" in extra:
         trace_opts["max_prompt_tokens"] = int(extra[extra.index("--max-prompt-tokens") + 1])
+    if "--window" in extra:
+        start, _, end = extra[extra.index("--window") + 1].partition(":")
+        trace_opts["window"] = (float(start or 0.0), float(end or "inf"))
     cfg = RunConfig(profile=prof.name, instances=args.instances, workload=args.workload, trace=args.trace,
                     trace_options=trace_opts, rate_per_s=args.rate or None, requests=args.requests)
     if not args.trace:
