@@ -104,7 +104,10 @@ def main() -> None:
     for o in args.router_opt:
         name, _, kv = o.partition(".")
         key, _, value = kv.partition("=")
-        opts.setdefault(name, {})[key] = float(value)
+        try:
+            opts.setdefault(name, {})[key] = float(value)
+        except ValueError:
+            opts.setdefault(name, {})[key] = value
     print(f"{args.instances} x {args.profile}, prefix caching on, split {args.split}, SLO {SLO.describe()}, "
           f"router options {opts or 'defaults'}")
     if args.workload in ("mooncake", "both"):

@@ -13,16 +13,23 @@ to everyone there, from the profile's step-time model and what a client sees:
   decode adds to their step time for as long as both run.
 
 The cost is time to first token plus ``decode_weight`` times the decode terms
-(own decode time and the others' delay). ``decode_weight = 0.1`` was chosen on
-the tuning quarter of the Mooncake trace (0, 0.1, 0.3 and 1 tried at 8 and
-12 req/s; ``bench/eval_prefix_routers.py --split tune``): lowest mean TTFT there.
+(own decode time and the others' delay). Defaults were chosen on tuning data
+only (``bench/eval_prefix_routers.py --split tune``: the first quarter of the
+Mooncake trace, session seeds 100-101): ``decode_weight`` 0.1 of 0, 0.1, 0.3,
+1 (lowest mean TTFT); ``headroom_rule`` current (better TTFT and goodput at
+12 req/s, no change elsewhere). ``hit_weight`` > 1 (valuing a hit beyond its
+own prefill saving) and ``session_spread`` (place a session's first turn by
+load alone) changed nothing consistently and stay off.
 
 The expected hit comes from the router's own prefix trees (what it sent where,
 LRU-bounded by the instance's KV capacity); the uncached prompt work queued at
-an instance is tracked from dispatches and first tokens. Instances whose
-predicted KV footprint (prompt + predicted output of everything outstanding,
-less what the new request finds cached) would exceed ``1 - kv_slack`` of their
-capacity are avoided, since a full cache means preemptions, and so are
+an instance is tracked from dispatches and first tokens. Instances whose KV
+need would exceed ``1 - kv_slack`` of their capacity are avoided, since a full
+cache means preemptions. The need is, with ``headroom_rule = "current"``, the
+KV of the decoding requests there now, the uncached prompts queued there and
+the new request's uncached prompt and predicted output; with ``"footprint"``,
+prompt + predicted output of everything outstanding (which counts a shared
+prefix once per request, too pessimistic under sharing). Also avoided are
 instances whose sequence slots are all taken (the request would wait there for
 a finish); a free slot weighs more than KV headroom. If every instance is short
 of both, the one with the most headroom is taken.
@@ -43,13 +50,20 @@ from .registry import register
                                 "predicted output length; avoids instances short of KV headroom")
 class CacheLengthAware(_Base):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 kv_slack: float = 0.1, decode_weight: float = 0.1, lru_tokens: int | None = None, **kw: Any):
+                 kv_slack: float = 0.1, decode_weight: float = 0.1, hit_weight: float = 1.0,
+                 headroom_rule: str = "current", session_spread: bool = False, lru_tokens: int | None = None,
+                 **kw: Any):
         super().__init__(num_instances, seed, profile, **kw)
         self.prof = profile if profile is not None else load_profile("llama3.1-8b-a100")
         if not 0 <= kv_slack < 1:
             raise ValueError(f"cache_length_aware: kv_slack must be in [0, 1), got {kv_slack}")
         self.kv_slack = float(kv_slack)
         self.decode_weight = float(decode_weight)
+        self.hit_weight = float(hit_weight)
+        if headroom_rule not in ("footprint", "current"):
+            raise ValueError(f"cache_length_aware: headroom_rule must be footprint or current, not {headroom_rule!r}")
+        self.headroom_rule = headroom_rule
+        self.session_spread = bool(session_spread)
         self.trees = PrefixTrees(num_instances, int(lru_tokens or self.prof.kv_capacity_tokens))
         self.pending = [0] * num_instances  # uncached prompt tokens dispatched, no first token yet
         self._sent: dict[int, tuple[int, int, int]] = {}  # request id -> (instance, uncached, prompt)
@@ -80,12 +94,16 @@ class CacheLengthAware(_Base):
         p = self.prof
         a, b, c, base = p.prefill_token_s, p.decode_seq_s, p.context_token_s, p.base_s
         out = max(1, r.expected_output_tokens)
+        # a session's first turn places the whole conversation: place it by load, not by a shared system prompt
+        first_turn = self.session_spread and r.session_id is not None and not r.turn
         costs: dict[int, float] = {}
         headroom: dict[int, float] = {}
         for iv in view.instances:
             if not iv.healthy:
                 continue
             hit = min(self.trees.match_tokens(iv.index, r), r.prompt_tokens - 1)
+            if first_turn:
+                hit = 0
             uncached = r.prompt_tokens - hit
             n_dec = iv.num_decoding
             ctx = iv.context_tokens + r.prompt_tokens + out / 2
@@ -96,9 +114,14 @@ class CacheLengthAware(_Base):
             if excess > 0:  # no free sequence slot: it waits for finishes (n_dec finish per mean_left steps)
                 ttft += excess * mean_left * step / max(1, n_dec)
             others = n_dec * (a * uncached + min(out, mean_left) * (b + c * (r.prompt_tokens + out / 2)))
-            costs[iv.index] = ttft + self.decode_weight * (out * step + others)
+            # a hit also keeps the prefix on one instance for the requests that follow
+            costs[iv.index] = ttft + self.decode_weight * (out * step + others) - (self.hit_weight - 1) * a * hit
             cap = iv.spec.kv_capacity_tokens
-            headroom[iv.index] = (1 - self.kv_slack) * cap - (iv.predicted_footprint_tokens + uncached + out)
+            if self.headroom_rule == "footprint":
+                need = iv.predicted_footprint_tokens + uncached + out
+            else:  # KV of the decoding requests now + uncached prompts queued + this request's growth
+                need = iv.context_tokens + self.pending[iv.index] + uncached + out
+            headroom[iv.index] = (1 - self.kv_slack) * cap - need
         if not costs:
             return None
         fits = {i for i, h in headroom.items() if h >= 0}

@@ -108,12 +108,18 @@ def test_cache_length_aware_weighs_the_hit_against_queued_prefill():
     assert r.route([hreq(9, prompt=32, hashes=(99, 98))], st.view(), 0.0).instance != third
 
 
-def test_cache_length_aware_avoids_a_full_instance():
-    r = get_router("cache_length_aware", num_instances=2, profile=tiny_profile(), kv_slack=0.1)
+@pytest.mark.parametrize("rule", ["current", "footprint"])
+def test_cache_length_aware_avoids_a_full_instance(rule):
+    r = get_router("cache_length_aware", num_instances=2, profile=tiny_profile(), kv_slack=0.1, headroom_rule=rule)
     st = ClusterState([InstanceSpec(kv_capacity_tokens=1000)] * 2)
     st.apply(Dispatched(hreq(50, prompt=800, out=50, hashes=None), 1, 0.0))
+    if rule == "current":
+        st.apply(FirstToken(50, 1, 0.1))  # decoding: its 800 tokens of KV are in use now
     r.trees.insert(1, hreq(51, prompt=64))  # instance 1 would have the prefix, but no room
     assert r.route([hreq(52, prompt=64, out=64)], st.view(), 0.0).instance == 0
+    # with room everywhere the prefix wins
+    roomy = ClusterState([InstanceSpec(kv_capacity_tokens=100_000)] * 2)
+    assert r.route([hreq(53, prompt=64, out=64)], roomy.view(), 0.0).instance == 1
 
 
 @settings(max_examples=30, deadline=None)
