@@ -83,17 +83,19 @@ class LateBindingParams:
     10 req/s and 5 % slower at 20 (the cache idles); 0.5 is 1-6 % slower; 3 is
     17 % slower at 20 req/s (the engine's FCFS admission takes over)."""
 
-    max_wait_s: float = 60.0
+    max_wait_s: float = 120.0
     """The wait bound (seconds at the router): a request that has waited this
     long is sent at once, past every gate, to the cheapest healthy instance, so
     no request waits longer at the router while an instance is up (plus one
     decision interval, the profile's ``min_step_s``). The wait moves to the
-    engine's queue, where the router no longer orders it. Chosen on tuning
-    seeds (4 x V100, paper-mix, FCFS engine, 8-20 req/s): against 120 s, 60 s
-    is as fast or faster in mean (0 to -4 %) with a 0-26 % lower p99; 45 s
-    and 30 s cut p99 a little further but are 5-31 % slower at 15-20 req/s
-    (the engines' FCFS queues fill with aged requests). The aging rule that trades
-    mean for tail by ordering instead is ``order="hrrn"``."""
+    engine's queue, where the router no longer orders it, so a bound shorter
+    than the overload's queueing delay turns the router FCFS. Chosen on tuning
+    seeds (4 x V100, paper-mix, FCFS engine, 20 req/s): with 2000 requests
+    (100 s of overload) 120 s is 4 % faster than no bound with a 31 % lower
+    p99, while 60 s is 53 % slower (most requests reach the bound); with 1000
+    requests 60 s would be 0-4 % faster than 120 s with a lower p99, which is
+    why 60 s is not the default. The aging rule that trades mean for tail by
+    ordering instead is ``order="hrrn"``."""
 
     order: str = "job_time"
     """Release order. ``job_time`` (default): shortest predicted service
