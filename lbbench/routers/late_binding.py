@@ -91,7 +91,7 @@ class LateBindingParams:
     engine's queue, where the router no longer orders it, so a bound shorter
     than the overload's queueing delay turns the router FCFS. Chosen on tuning
     seeds (4 x V100, paper-mix, FCFS engine, 20 req/s): with 2000 requests
-    (100 s of overload) 120 s is 4 % faster than no bound with a 31 % lower
+    (100 s of overload) 120 s is 2 % faster than no bound with a 31 % lower
     p99, while 60 s is 53 % slower (most requests reach the bound); with 1000
     requests 60 s would be 0-4 % faster than 120 s with a lower p99, which is
     why 60 s is not the default. The aging rule that trades mean for tail by
