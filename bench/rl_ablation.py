@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--episodes", type=int, default=30)
+    ap.add_argument("--explore-episodes", type=int, default=20)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--out", default="runs/rl-ablation")
@@ -75,7 +76,8 @@ def main() -> None:
     from lbbench.training.trainer import train
 
     cfg = TrainConfig(router="wgrl", profile=args.profile, instances=args.instances, rate=args.rate,
-                      requests=args.requests, episodes=args.episodes)
+                      requests=args.requests, episodes=args.episodes,
+                      explore_episodes=args.explore_episodes)
     wanted = set(filter(None, args.rows.split(",")))
     print("| row | mean E2E (s) | vs round robin | p99 E2E (s) (rr) | router wait (s) | training (s) |")
     print("|---|---:|---:|---:|---:|---:|")
