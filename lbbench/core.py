@@ -61,6 +61,22 @@ class Request:
         return self.output_tokens if p is None else p
 
 
+def chain_sessions(requests: Iterable[Request]) -> tuple[list[Request], dict[int, Request]]:
+    """Closed-loop sessions: the requests sent on their own schedule (arrival order), and for
+    each session turn the turn that follows it (sent once it finished, plus ``think_s``)."""
+    requests = list(requests)
+    next_turn: dict[int, Request] = {}
+    last: dict[int, Request] = {}
+    for r in sorted((r for r in requests if r.session_id is not None), key=lambda r: (r.turn or 0, r.request_id)):
+        prev = last.get(r.session_id)  # type: ignore[arg-type]
+        if prev is not None:
+            next_turn[prev.request_id] = r
+        last[r.session_id] = r  # type: ignore[index]
+    followers = {r.request_id for r in next_turn.values()}
+    stream = sorted((r for r in requests if r.request_id not in followers), key=lambda r: (r.arrival_s, r.request_id))
+    return stream, next_turn
+
+
 # --------------------------------------------------------------------------- events
 
 

@@ -40,7 +40,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -48,7 +48,7 @@ import aiohttp
 import polars as pl
 
 from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, InstanceSpec,
-                    MetricsSample, Request, RequestRecord, TokensGenerated)
+                    MetricsSample, Request, RequestRecord, TokensGenerated, chain_sessions)
 from ..dispatch import Dispatcher, Router
 from .http import HttpBackend, StreamResult
 from .metrics import parse_metrics
@@ -144,6 +144,8 @@ class _Replay:
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
                  prompt_texts: dict[int, str] | None = None):
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        # closed-loop sessions: a later turn is sent once the turn before it finished, plus its think time
+        self._stream, self._next_turn = chain_sessions(self.requests)
         self.router = router
         self.endpoints = endpoints
         self.model = model
@@ -252,7 +254,7 @@ class _Replay:
 
     # -- arrivals and decision epochs ------------------------------------------------------
     async def _schedule(self) -> None:
-        reqs = self.requests
+        reqs = self._stream
         i, n = 0, len(reqs)
         early_s = self.early_wake_s
         while i < n:
@@ -269,8 +271,17 @@ class _Replay:
                 self.dispatcher.arrive(reqs[i])
                 self.arrived_at[reqs[i].request_id] = now
                 i += 1
-            self.num_arrived = i
+                self.num_arrived += 1
             self._epoch(now)
+
+    def _arrive_turn(self, req: Request) -> None:
+        """A session's next turn is due: it arrives now (its record's ``arrival_s``)."""
+        now = self.now()
+        req = replace(req, arrival_s=now)
+        self.dispatcher.arrive(req)
+        self.arrived_at[req.request_id] = now
+        self.num_arrived += 1
+        self._epoch(now)
 
     def _epoch(self, now: float) -> None:
         try:
@@ -340,8 +351,16 @@ class _Replay:
             server_output_tokens=res.server_output_tokens if res else None,
             http_status=res.http_status if res else None,
             error=res.error if res else error,
+            session_id=req.session_id, turn=req.turn,
+            think_s=req.think_s if req.session_id is not None else None,
         )
         self.records.append(rec)
+        nxt = self._next_turn.pop(req.request_id, None)
+        if nxt is not None:
+            now = self.now()
+            done_s = res.finish_s if res is not None and res.finish_s is not None else now
+            due = max(nxt.arrival_s, done_s + nxt.think_s)
+            self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt)
         if res is not None:
             self.token_times[req.request_id] = res.token_times_s
         if self.partial is not None:

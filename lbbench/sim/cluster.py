@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished,
-                    MetricsSample, Request, RequestRecord)
+                    MetricsSample, Request, RequestRecord, chain_sessions)
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
 from .instance import SimInstance, SimRequest
@@ -70,16 +70,7 @@ class ClusterSim:
         self.state = ClusterState([profile.instance_spec()] * num_instances, **kw)
         self.num_requests = len(requests)
         # closed-loop sessions: later turns wait for the turn before them (``_next_turn``)
-        self._next_turn: dict[int, Request] = {}
-        last: dict[int, Request] = {}
-        for r in sorted((r for r in requests if r.session_id is not None), key=lambda r: (r.turn or 0, r.request_id)):
-            prev = last.get(r.session_id)  # type: ignore[arg-type]
-            if prev is not None:
-                self._next_turn[prev.request_id] = r
-            last[r.session_id] = r  # type: ignore[index]
-        followers = {r.request_id for r in self._next_turn.values()}
-        self.requests = sorted((r for r in requests if r.request_id not in followers),
-                               key=lambda r: (r.arrival_s, r.request_id))
+        self.requests, self._next_turn = chain_sessions(requests)
         self.router_name = ""
         self.records: list[RequestRecord] = []
         self.timeline: list[MetricsSample] = []
