@@ -56,6 +56,8 @@ PREDICTORS: dict[str, LengthTrainConfig] = {
     "bow ridge": LengthTrainConfig(features="bow", heads=("ridge",), use_model_name=False),
     # within the 2 ms / request budget on one core (bench/bench_predictor.py): token embeddings or one layer
     "embed ≤1 layer": LengthTrainConfig(features="encoder", max_layers=1),
+    # layer and head chosen leaving one task (source subset) of the training corpus out at a time
+    "embed (task validation)": LengthTrainConfig(features="encoder", validation="task"),
 }
 #: test generator -> training generators it counts as "same" (identical model) or "family" (other snapshot)
 SAME = {"text-davinci-003": {"text_davinci_003"}, "text_davinci_003": {"text-davinci-003"}}
@@ -93,7 +95,7 @@ def run_direction(name: str, train: list[Example], tests: dict[str, list[Example
             model.save(d)
             for tname, rows in tests.items():
                 rep = evaluate_dir(d, rows, precision="fp32",
-                                   compare_precisions=pname in ("embed", "embed ≤1 layer"))
+                                   compare_precisions=pname.startswith("embed") and "no model" not in pname)
                 for m in rep["per_model"]:
                     m["relation"] = relation(m["model"], train_models)
                 out.append({"direction": name, "predictor": pname, "test": tname, "report": rep,

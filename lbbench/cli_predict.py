@@ -82,7 +82,7 @@ def _emit(report: dict[str, Any], fmt: str) -> None:
 
 
 def _train_encoder_model(kind: str, train, scheme, log, *, encoder: str, max_length: int, use_model_name: bool,
-                         max_layers: int | None, seed: int, **fine_tune: Any):
+                         max_layers: int | None, validation: str, seed: int, **fine_tune: Any):
     """Train a text model (``embed``/``bow`` regressor or fine-tuned ``text``/``task``); errors as usage errors."""
     try:
         if kind in ("embed", "bow"):
@@ -90,7 +90,7 @@ def _train_encoder_model(kind: str, train, scheme, log, *, encoder: str, max_len
 
             return train_length_model(train, scheme, LengthTrainConfig(
                 features="encoder" if kind == "embed" else "bow", encoder=encoder, max_length=max_length,
-                use_model_name=use_model_name, seed=seed,
+                use_model_name=use_model_name, seed=seed, validation=validation,
                 **({} if max_layers is None else {"max_layers": max_layers})), log=log)
         from .predict.text import TextTrainConfig, train_text_model
 
@@ -117,6 +117,9 @@ def predictor() -> None:
               "-> length distribution (ridge / bucket-logistic head chosen on held-out ranking); bow: the same "
               "on hashed bag of words; metadata: prompt length + task; task: task classifier")
 @click.option("--no-model-name", is_flag=True, help="embed/bow: do not condition on the generating model's name")
+@click.option("--validation", type=click.Choice(["prompt", "task"]), default="prompt", show_default=True,
+              help="embed/bow: hold out a share of the prompts, or each task (source subset) in turn, "
+              "to choose layer and head")
 @click.option("--max-layers", type=click.IntRange(0), default=None,
               help="embed: consider encoder layers up to this one only (0: pooled token embeddings); "
               "inference cost grows with the layer chosen")
@@ -141,7 +144,7 @@ def predictor() -> None:
               help="metadata model")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def train_cmd(data, kind, no_model_name, max_layers, out_dir, encoder, scheme, profile, epochs, max_examples, models,
+def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encoder, scheme, profile, epochs, max_examples, models,
               test_fraction, max_length, batch_size, lr, freeze_layers, num_layers, estimator, seed, fmt) -> None:
     """Train a predictor and print its held-out evaluation."""
     prof = None
@@ -166,7 +169,8 @@ def train_cmd(data, kind, no_model_name, max_layers, out_dir, encoder, scheme, p
         model = train_metadata_model(train, bucket_scheme, estimator=estimator, seed=seed)
     else:
         model = _train_encoder_model(kind, train, bucket_scheme, log, encoder=encoder or "", max_length=max_length,
-                                     use_model_name=not no_model_name, max_layers=max_layers, epochs=epochs,
+                                     use_model_name=not no_model_name, max_layers=max_layers,
+                                     validation=validation, epochs=epochs,
                                      batch_size=batch_size, lr=lr, freeze_layers=freeze_layers,
                                      num_layers=num_layers, seed=seed)
     model.save(out_dir)

@@ -15,7 +15,10 @@ verbosity does not flatter the choice):
   expected length is the probability-weighted mean of the training lengths per
   bucket), each over a small grid of its regularisation strength.
 
-The held-out residuals of the chosen candidate (log length minus prediction)
+The held-out rows are a share of the training prompts (``validation='prompt'``)
+or, with ``validation='task'``, each task/source subset in turn (leave one
+task out), which favours what transfers to prompts of another kind. The
+held-out residuals of the chosen candidate (log length minus prediction)
 give the p50 and p90 offsets and the mean correction, so the quantiles are
 calibrated out of sample. The bucket is chosen by held-out accuracy among:
 the bucket of the p50, the bucket of the mean, or a separate bucket classifier
@@ -50,6 +53,8 @@ RIDGE_ALPHAS = (0.3, 1.0, 3.0, 10.0, 30.0)
 LOGREG_CS = (0.3, 1.0, 3.0)
 #: generators with fewer held-out rows do not get their own tau in the selection score
 MIN_ROWS_PER_GENERATOR = 20
+#: a task needs this many distinct prompts to be a leave-one-task-out fold
+MIN_PROMPTS_PER_TASK_FOLD = 20
 
 
 @dataclass
@@ -68,6 +73,8 @@ class LengthTrainConfig:
     """heads to choose from on held-out ranking"""
     val_fraction: float = 0.2
     """share of training prompts held out for the choice"""
+    validation: str = "prompt"
+    """'prompt' (a held-out share of the prompts) or 'task' (leave one task/source subset out at a time)"""
     seed: int = 0
 
 
@@ -306,6 +313,42 @@ def _bucket_means(y: np.ndarray, buckets: np.ndarray, scheme: BucketScheme) -> n
                      for b in range(scheme.num_buckets)], dtype=np.float64)
 
 
+def _folds(train: Sequence[Example], scheme: BucketScheme,
+           cfg: LengthTrainConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(fit rows, held-out rows)`` pairs; a prompt never sits on both sides.
+
+    ``prompt``: one grouped, stratified split of ``val_fraction`` of the prompts.
+    ``task``: leave one task (source subset) out at a time, for the (at most 6
+    largest) tasks with at least ``MIN_PROMPTS_PER_TASK_FOLD`` prompts, so the
+    choice favours what transfers to prompts of another kind; falls back to
+    ``prompt`` with fewer than two such tasks.
+    """
+    if cfg.validation not in ("prompt", "task"):
+        raise ValueError(f"validation must be 'prompt' or 'task', got {cfg.validation!r}")
+    if cfg.validation == "task":
+        prompts_of: dict[str, set[str]] = {}
+        for e in train:
+            if e.task:
+                prompts_of.setdefault(e.task, set()).add(e.prompt)
+        tasks = sorted((t for t, ps in prompts_of.items() if len(ps) >= MIN_PROMPTS_PER_TASK_FOLD),
+                       key=lambda t: (-len(prompts_of[t]), t))[:6]
+        if len(tasks) >= 2:
+            out = []
+            for t in tasks:
+                held = prompts_of[t]
+                v = np.array([i for i, e in enumerate(train) if e.task == t])
+                f = np.array([i for i, e in enumerate(train) if e.task != t and e.prompt not in held])
+                out.append((f, v))
+            return out
+    _, val_part = stratified_split(train, scheme, cfg.val_fraction, cfg.seed)
+    val_prompts = {e.prompt for e in val_part}
+    v = np.array([i for i, e in enumerate(train) if e.prompt in val_prompts])
+    f = np.array([i for i, e in enumerate(train) if e.prompt not in val_prompts])
+    if len(v) == 0 or len(f) == 0:
+        raise ValueError("too few training prompts to hold some out for the choice of head")
+    return [(f, v)]
+
+
 def train_length_model(train: Sequence[Example], scheme: BucketScheme, cfg: LengthTrainConfig | None = None,
                        log: Callable[[str], None] | None = None) -> LengthPredictor:
     """Choose layer, head and bucket rule on held-out training prompts; refit on all of ``train``."""
@@ -335,44 +378,46 @@ def train_length_model(train: Sequence[Example], scheme: BucketScheme, cfg: Leng
         return _Features.design(None if emb is None else emb[layer][rows], None if bow is None else bow[rows],
                                 [pt[i] for i in rows], [models[i] for i in rows], vocab)
 
-    fit_part, val_part = stratified_split(train, scheme, cfg.val_fraction, cfg.seed)
-    val_prompts = {e.prompt for e in val_part}
-    val_idx = np.array([i for i, e in enumerate(train) if e.prompt in val_prompts])
-    fit_idx = np.array([i for i, e in enumerate(train) if e.prompt not in val_prompts])
-    if len(val_idx) == 0 or len(fit_idx) == 0:
-        raise ValueError("too few training prompts to hold some out for the choice of head")
-    val_models = [models[i] for i in val_idx]
-    bm_fit = _bucket_means(y[fit_idx], buckets[fit_idx], scheme)
+    folds = _folds(train, scheme, cfg)
+    log(f"held out for the choice: {cfg.validation} ({len(folds)} fold{'s' if len(folds) > 1 else ''})")
+    fold_bm = [_bucket_means(y[f], buckets[f], scheme) for f, _ in folds]
     selection: list[dict[str, Any]] = []
-    best: tuple[float, int, str, float, np.ndarray] | None = None
+    best: tuple[float, int, str, float, list[np.ndarray]] | None = None
     for layer in layers:
-        x_fit, x_val = design(layer, fit_idx), design(layer, val_idx)
+        xs = [(design(layer, f), design(layer, v)) for f, v in folds]
         for head in cfg.heads:
             for param in _grid(head):
-                w = _fit_head(head, x_fit, y_log[fit_idx], buckets[fit_idx], param, scheme.num_buckets)
-                mu = _head_mu(head, w, x_val, bm_fit)
-                tau = _generator_tau(y[val_idx], mu, val_models)
+                mus, taus = [], []
+                for (f, v), (x_fit, x_val), bm in zip(folds, xs, fold_bm):
+                    w = _fit_head(head, x_fit, y_log[f], buckets[f], param, scheme.num_buckets)
+                    mus.append(_head_mu(head, w, x_val, bm))
+                    taus.append(_generator_tau(y[v], mus[-1], [models[i] for i in v]))
+                tau = float(np.mean(taus))
                 selection.append({"layer": layer, "head": head, "param": param, "val_tau": round(tau, 4)})
                 if best is None or tau > best[0]:
-                    best = (tau, layer, head, param, mu)
+                    best = (tau, layer, head, param, mus)
         log(f"layer {layer}: best so far tau {best[0]:.3f} (layer {best[1]}, {best[2]} {best[3]:g})"
             f" ({time.perf_counter() - t0:.0f} s)")
     assert best is not None
-    val_tau, layer, head, param, mu_val = best
+    val_tau, layer, head, param, mus = best
+    val_idx = np.concatenate([v for _, v in folds])
+    mu_val = np.concatenate(mus)
     resid = y_log[val_idx] - mu_val
     offsets = {"p50": float(np.quantile(resid, 0.5)), "p90": float(np.quantile(resid, 0.9)),
                "mean": float(np.log(np.mean(np.exp(resid))))}
 
-    # bucket rule, by held-out accuracy
-    x_fit, x_val = design(layer, fit_idx), design(layer, val_idx)
+    # bucket rule, by held-out accuracy (out-of-fold predictions pooled)
     true_val = buckets[val_idx].tolist()
     rules: dict[tuple[str, float], float] = {}
     for key, off in (("p50", offsets["p50"]), ("mean", offsets["mean"])):
         rules[(key, 0.0)] = accuracy(true_val, [scheme.bucket_of(int(round(t))) for t in
                                                 np.maximum(1.0, np.expm1(mu_val + off))])
     for c in LOGREG_CS:
-        bw = _fit_logreg(x_fit, buckets[fit_idx], c, scheme.num_buckets)
-        rules[("classifier", c)] = accuracy(true_val, _probs(bw, x_val).argmax(axis=1).tolist())
+        guessed: list[int] = []
+        for f, v in folds:
+            bw = _fit_logreg(design(layer, f), buckets[f], c, scheme.num_buckets)
+            guessed += _probs(bw, design(layer, v)).argmax(axis=1).tolist()
+        rules[("classifier", c)] = accuracy(true_val, guessed)
     (bucket_rule, bucket_c), val_acc = max(rules.items(), key=lambda kv: kv[1])
     log(f"chosen: layer {layer}, {head} {param:g} (held-out tau {val_tau:.3f}); bucket rule {bucket_rule} "
         f"(held-out accuracy {val_acc:.3f})")

@@ -201,3 +201,29 @@ def test_lbbench_run_with_a_trained_regressor(trained, tmp_path):
     assert all(x["completed"] == 60 for x in rows)
     bad = CliRunner().invoke(main, args[:-1] + [f"text:{out}?precision=fp4"])
     assert bad.exit_code == 2 and "precision" in bad.output
+
+
+def test_leave_one_task_out_folds_keep_prompts_apart():
+    from lbbench.predict.regression import _folds
+
+    rows = corpus(150)  # 5 topics x 30 prompts x 2 models
+    folds = _folds(rows, get_scheme("paper"), LengthTrainConfig(validation="task"))
+    assert len(folds) == 5
+    for fit, val in folds:
+        assert len({rows[i].task for i in val}) == 1
+        assert not {rows[i].prompt for i in fit} & {rows[i].prompt for i in val}
+    assert sorted(i for _, v in folds for i in v) == list(range(len(rows)))
+    # too few prompts per task: one prompt-level split instead
+    assert len(_folds(corpus(60), get_scheme("paper"), LengthTrainConfig(validation="task"))) == 1
+    with pytest.raises(ValueError, match="validation"):
+        _folds(rows, get_scheme("paper"), LengthTrainConfig(validation="model"))
+
+
+def test_task_validation_trains_and_ranks():
+    rows = corpus(150)
+    model = train_length_model(rows, get_scheme("paper"), LengthTrainConfig(features="bow", validation="task"))
+    test = corpus(25, seed=1)
+    preds = model.predict_rows([e.prompt for e in test], [e.prompt_tokens for e in test], [e.model for e in test])
+    # leaving a whole topic out, no candidate can learn that topic's length: the choice still ranks the pairs
+    assert kendall_tau([p.expected_tokens for p in preds], [e.output_tokens for e in test]) > 0.3
+    assert model.config.train["validation"] == "task"
