@@ -475,7 +475,8 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli_trace", ("trace",)), ("lbbench.cli_predict", ("predictor",)),
                        ("lbbench.cli_report", ("report", "compare")), ("lbbench.cli_live", ("launch", "serve_sim")),
-                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity")), ("lbbench.cli_proxy", ("proxy",))):
+                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity")), ("lbbench.cli_proxy", ("proxy",)),
+                       ("lbbench.cli_paper", ("paper",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

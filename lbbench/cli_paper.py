@@ -1,0 +1,86 @@
+"""``lbbench paper SETUP``: one of the paper's comparisons, beside the paper's numbers.
+
+Each setup is an ``lbbench run`` with the paper's cluster, workload, rate,
+predictor accuracy and routers (the command is printed first, so it can be
+rerun or varied by hand); after the run's own table comes one line per router
+with lbbench's change against round robin next to the one the paper reports
+(Jain et al., arXiv 2408.13510, Tables 3-5). Learned routers use the shipped
+checkpoint for the setup; where none is shipped the run stops with the message
+that says how to train one.
+
+    lbbench paper main         # 4 x V100, paper-mix, 20 req/s, noisy:0.79, 5 seeds
+    lbbench paper production   # 4 x A100, the Azure conversation trace (first half) at 20 req/s
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+PAPER_ROUTERS = "round_robin,jsq,min_min,baseline_rl,wa_rl,wgrl"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One of the paper's comparisons: ``lbbench run`` flags and the paper's gains (%)."""
+
+    flags: tuple[str, ...]
+    paper_pct: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+SETUPS: dict[str, Setup] = {
+    "main": Setup(("--profile", "llama2-7b-v100", "--instances", "4", "--workload", "paper-mix", "--rate", "20",
+                   "--requests", "2000", "--router", PAPER_ROUTERS, "--predictor", "noisy:0.79", "--seeds", "5"),
+                  {"baseline_rl": 4.35, "wa_rl": 7.79, "wgrl": 11.43},
+                  "paper: round robin 168-173 s mean E2E on this setup"),
+    "scale8": Setup(("--profile", "llama2-7b-v100", "--instances", "8", "--workload", "paper-mix", "--rate", "40",
+                     "--requests", "4000", "--router", "round_robin,wgrl", "--predictor", "noisy:0.79",
+                     "--seeds", "5"), {"wgrl": 11.62}),
+    "a100": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--workload", "paper-mix", "--rate", "80",
+                   "--requests", "2000", "--router", "round_robin,wgrl", "--predictor", "noisy:0.79",
+                   "--chunked-prefill", "both", "--seeds", "5"), {"wgrl": 10.71},
+                  "paper: +10.71 % with chunked prefill off, +11.06 % with it on"),
+    "production": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--window", "0:1800", "--rate", "20",
+                         "--requests", "2000", "--router", "round_robin,jsq,wgrl", "--predictor", "noisy:0.79"),
+                        {"wgrl": 7.8},
+                        "the paper's production trace is not public; this is the Azure conversation trace, "
+                        "evaluated on the half the shipped checkpoint was not trained on"),
+}
+
+
+@click.command("paper")
+@click.argument("setup", type=click.Choice(sorted(SETUPS)))
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="The Azure conversation trace (AzureLLMInferenceTrace_conv.csv) for `production`.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default runs/paper-SETUP).")
+@click.pass_context
+def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None) -> None:
+    """Run one of the paper's comparisons and print it beside the paper's numbers."""
+    import polars as pl
+
+    from .cli import main as cli_main
+
+    s = SETUPS[setup]
+    args = list(s.flags)
+    if setup == "production":
+        if not trace:
+            raise click.BadParameter("give the Azure conversation trace file", param_hint="--trace")
+        args = ["--trace", trace, *args]
+    out = Path(out_dir or f"runs/paper-{setup}")
+    click.echo("lbbench run " + " ".join(shlex.quote(a) for a in args))
+    run_ctx = cli_main.make_context("lbbench", ["run", *args, "--out", str(out)])
+    with run_ctx:
+        cli_main.invoke(run_ctx)
+    summary = pl.read_parquet(out / "summary.parquet")
+    click.echo(f"\nlbbench vs the paper ({setup}){': ' + s.note if s.note else ''}")
+    for row in summary.iter_rows(named=True):
+        name = row["router"]
+        paper_txt = f"{s.paper_pct[name]:+.2f} %" if name in s.paper_pct else "-"
+        extra = "".join(f" {k}={row[k]}" for k in ("chunked_prefill",) if k in row)
+        click.echo(f"  {name:<12}{extra}  lbbench {row['improvement_vs_round_robin_pct']:+6.1f} %  "
+                   f"(mean E2E {row['mean_e2e_s']:.1f} s, p99 {row['p99_e2e_s']:.1f} s)   paper {paper_txt}")

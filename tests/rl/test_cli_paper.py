@@ -1,0 +1,29 @@
+"""`lbbench paper`: runs a setup through `lbbench run` and prints it beside the paper."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from lbbench import cli_paper
+from lbbench.cli import main
+
+
+def test_paper_setup_runs_and_prints_the_paper_numbers(tmp_path, monkeypatch):
+    small = cli_paper.Setup(("--profile", "llama2-7b-v100", "--instances", "4", "--workload", "paper-mix",
+                             "--rate", "20", "--requests", "40", "--router", "round_robin,wgrl",
+                             "--predictor", "noisy:0.79", "--seeds", "1"), {"wgrl": 11.43})
+    monkeypatch.setitem(cli_paper.SETUPS, "main", small)
+    res = CliRunner().invoke(main, ["paper", "main", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.output
+    assert "lbbench run --profile llama2-7b-v100 --instances 4" in res.output
+    line = next(x for x in res.output.splitlines() if x.strip().startswith("wgrl") and "paper" in x)
+    assert "paper +11.43 %" in line and "lbbench" in line
+    assert (tmp_path / "p" / "summary.parquet").is_file()
+
+
+def test_paper_setup_without_a_checkpoint_or_trace_exits_2(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["paper", "scale8", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 2 and "no shipped checkpoint for profile 'llama2-7b-v100' with 8 instances" in res.output
+    res = runner.invoke(main, ["paper", "production", "--out", str(tmp_path / "q")])
+    assert res.exit_code == 2 and "--trace" in res.output
