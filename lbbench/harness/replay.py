@@ -274,9 +274,12 @@ class _Replay:
                 self.num_arrived += 1
             self._epoch(now)
 
-    def _arrive_turn(self, req: Request) -> None:
+    def _arrive_turn(self, req: Request, due_s: float) -> None:
         """A session's next turn is due: it arrives now (its record's ``arrival_s``)."""
         now = self.now()
+        if now < due_s:  # the event loop may fire a timer up to its clock resolution early
+            self.loop.call_later(due_s - now, self._arrive_turn, req, due_s)
+            return
         req = replace(req, arrival_s=now)
         self.dispatcher.arrive(req)
         self.arrived_at[req.request_id] = now
@@ -360,7 +363,7 @@ class _Replay:
             now = self.now()
             done_s = res.finish_s if res is not None and res.finish_s is not None else now
             due = max(nxt.arrival_s, done_s + nxt.think_s)
-            self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt)
+            self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt, due)
         if res is not None:
             self.token_times[req.request_id] = res.token_times_s
         if self.partial is not None:
