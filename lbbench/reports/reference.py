@@ -12,7 +12,8 @@ with the lowest mean E2E averaged over seeds, and adds to each group, paired by 
   = faster than the reference), averaged over seeds;
 - ``p99_vs_best_baseline_pct``: the same for the p99 E2E;
 - ``goodput_vs_best_baseline_pct``: ``100 * (goodput - reference goodput) / reference
-  goodput`` (positive = more requests/s within the SLO).
+  goodput`` (positive = more requests/s within the SLO), over the seeds where the reference met
+  the SLO at all.
 
 Choosing the reference on the reported seeds favours the baseline, never the router
 under test.
@@ -63,7 +64,8 @@ def against_best_baseline(df: Frame, by: Sequence[str], slo: Slo | None = None,
     return (joined.with_columns(
                 _gain=100.0 * (pl.col("_ref_mean") - pl.col("mean_e2e_s")) / pl.col("_ref_mean"),
                 _p99=100.0 * (pl.col("_ref_p99") - pl.col("p99_e2e_s")) / pl.col("_ref_p99"),
-                _good=100.0 * (pl.col("goodput_per_s") - pl.col("_ref_good")) / pl.col("_ref_good"))
+                _good=pl.when(pl.col("_ref_good") > 0)  # undefined (null) where the reference met nothing
+                .then(100.0 * (pl.col("goodput_per_s") - pl.col("_ref_good")) / pl.col("_ref_good")))
             .group_by(by, maintain_order=True)
             .agg(pl.col("best_baseline").first(), pl.col("_gain").mean().alias("vs_best_baseline_pct"),
                  pl.col("_p99").mean().alias("p99_vs_best_baseline_pct"),
