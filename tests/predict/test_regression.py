@@ -182,11 +182,10 @@ def test_cli_train_embed_with_layer_budget(tmp_path):
     assert json.loads(r.stdout)["chosen"]["layer"] == cfg["layer"]
 
 
+@pytest.mark.parametrize("trained", ["bow"], indirect=True)
 def test_lbbench_run_with_a_trained_regressor(trained, tmp_path):
     """``lbbench run --workload dataset:FILE --predictor text:DIR?model=NAME`` end to end."""
     model, out, test = trained
-    if model.config.kind != "bow":
-        pytest.skip("one featurizer is enough for the end-to-end run")
     from lbbench.cli import main
 
     wl = tmp_path / "wl.jsonl"
