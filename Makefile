@@ -13,7 +13,7 @@ PIP    := $(BIN)/python -m pip
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test test-fast test-live bench vllm-env venv venv-dev clean
+.PHONY: demo test test-fast test-live bench vllm-env gateways-env venv venv-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,15 +41,19 @@ test: $(VENV)/.dev
 	$(BIN)/python -m pytest -m "not live" -p no:cacheprovider
 
 # the live tier: real vLLM (CPU build where there is no GPU) serving a tiny local model
-test-live: $(VENV)/.dev vllm-env
+test-live: $(VENV)/.dev vllm-env gateways-env
 	LBBENCH_REQUIRE_LIVE=1 $(BIN)/python -m pytest -m live -p no:cacheprovider
 
 vllm-env:
 	PYTHON=$(PYTHON) bash scripts/make_vllm_env.sh
+
+# production gateways (SGLang's model gateway, vllm-router) for the live tier and gateway benchmarks
+gateways-env:
+	PYTHON=$(PYTHON) bash scripts/make_gateways_env.sh
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/bench_sim.py
 	$(BIN)/python bench/bench_replay.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm runs .pytest_cache
+	rm -rf $(VENV) .venv-vllm .venv-gateways runs .pytest_cache

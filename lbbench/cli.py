@@ -225,8 +225,9 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Live runs: send prompts as token ids (exact; vLLM) or as text built to the exact length "
                    "(gateways that take only text); auto: ids unless the endpoint refuses them.")
 @click.option("--tokenizer", default=None,
-              help="Text prompts: a local tokenizer (tokenizer.json or a Hugging Face directory) to make lengths "
-                   "exact; default: the endpoint's /tokenize, else approximate lengths with a warning.")
+              help="Text prompts: a local tokenizer (tokenizer.json or a Hugging Face directory), or a backend's URL "
+                   "whose /tokenize to use, to make lengths exact; default: the endpoint's /tokenize, else "
+                   "approximate lengths with a warning.")
 @click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True,
               help="Live runs: seconds before a request is recorded as failed.")

@@ -25,13 +25,12 @@ from .profiles import Profile
 def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Variant, kw: dict[str, Any],
              out_dir: Path, run_id: str, progress: Progress, frames: list[pl.DataFrame],
              timelines: list[pl.DataFrame]) -> bool:
-    from .core import InstanceSpec
     from .harness.replay import EndpointError, run_replay
     from .predict import annotate, load_predictor
     from .routers import get_router
 
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
-    specs = [InstanceSpec(min_step_s=profile.min_step_s) for _ in endpoints]
+    specs = [_live_spec(profile, url) for url in endpoints]
     priority_of = None
     if variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
         from .routers.priority import request_priority
@@ -78,6 +77,20 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
     return True
 
 
+def _live_spec(profile: Profile, url: str):
+    """What the router may assume of a live instance: the profile's spec (the same one the simulator gives
+    routers), with the KV capacity the engine itself reports (vLLM's cache_config_info) where it does."""
+    from dataclasses import replace
+
+    from .profiling.measure import MeasureError, engine_info
+    spec = profile.instance_spec()
+    try:
+        info = engine_info(url)
+    except MeasureError:
+        return spec
+    return replace(spec, kv_capacity_tokens=info.num_blocks * info.block_size)
+
+
 def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
     """A function from a seed's requests to their text prompts ({} when token ids are sent)."""
     from .harness.replay import served_models
@@ -90,8 +103,11 @@ def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
     if mode == "auto" and accepts_token_ids(endpoints[0], model):
         return lambda reqs: {}
     count = None
-    if kw.get("tokenizer"):
-        count = local_counter(kw["tokenizer"])
+    tok = kw.get("tokenizer")
+    if tok and tok.startswith(("http://", "https://")):  # a backend's /tokenize (behind a gateway that lacks it)
+        count = endpoint_counter(tok, model)
+    elif tok:
+        count = local_counter(tok)
     else:
         probe = endpoint_counter(endpoints[0], model)
         try:

@@ -66,21 +66,39 @@ def local_counter(path: str | Path) -> Callable[[str], int]:
     return lambda text: len(hf(text)["input_ids"])
 
 
-def exact_text(request: Request, count: Callable[[str], int] | None, max_tries: int = 8) -> tuple[str, bool]:
+#: pieces tried to add exactly one token at the end of a prompt
+_TOP_UPS = (" a", ".", ",", " x", "!", " 1", "a", "-")
+
+
+def exact_text(request: Request, count: Callable[[str], int] | None) -> tuple[str, bool]:
     """(text, exact): a prompt of ``request.prompt_tokens`` tokens by ``count``; without a counter one word
-    per token (``exact`` False)."""
+    per token (``exact`` False). The longest prefix of the request's words that fits is found by bisection
+    (the count only grows with more words), then single-token pieces top it up."""
     n = request.prompt_tokens
+    pool = _words(request.request_id, max(n, 1))
     if count is None:
-        return " ".join(_words(request.request_id, n)), False
-    pool = _words(request.request_id, 2 * n + 16)
-    k = max(1, n - (count("") if n > 1 else 0))
-    for _ in range(max_tries):
-        text = " ".join(pool[:k])
-        c = count(text)
-        if c == n:
-            return text, True
-        k = max(1, min(len(pool), k + (n - c)))
-    return " ".join(pool[:k]), False
+        return " ".join(pool[:n]), False
+    c0 = count("")  # special tokens (a BOS) that any prompt carries
+    if n <= c0:  # no room for any text (servers refuse an empty prompt): the shortest non-empty one
+        return pool[0], False
+    lo, hi = 0, max(0, n - c0)  # every word is at least one token
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(pool[:mid])) <= n:
+            lo = mid
+        else:
+            hi = mid - 1
+    text = " ".join(pool[:lo])
+    c = count(text)
+    while c < n:
+        for piece in _TOP_UPS:
+            c2 = count(text + piece)
+            if c2 == c + 1:
+                text, c = text + piece, c2
+                break
+        else:
+            break
+    return text, c == n
 
 
 def texts_for(requests: Sequence[Request], count: Callable[[str], int] | None) -> tuple[dict[int, str], int]:
