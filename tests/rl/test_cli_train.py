@@ -17,7 +17,7 @@ def test_train_command_writes_a_checkpoint(tmp_path):
         "--router", "baseline_rl", "--profile", "llama2-7b-v100", "--instances", "2",
         "--requests", "30", "--rate", "10", "--episodes", "2", "--explore-episodes", "1",
         "--learning-starts", "16", "--batch-size", "16", "--buffer-size", "1000", "--val-seeds", "1",
-        "--out", str(out), "--quiet"])
+        "--max-defer-s", "1", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     assert "trained baseline_rl for llama2-7b-v100 x2 on paper-mix: 2 episodes" in res.output
     pol = QPolicy.load(out)
