@@ -83,3 +83,25 @@ def test_rank_correlations_are_bounded_symmetric_and_monotone_invariant(rows):
     assert kendall_tau([v ** 3 + 7 for v in x], y) == pytest.approx(t)  # strictly increasing map
     assert kendall_tau([-v for v in x], y) == pytest.approx(-t)
     assert spearman_rho([math.exp(v / 10) for v in x], y) == pytest.approx(r)
+
+
+def test_ranking_metrics_per_model_and_within_model_tau_hand_computed():
+    from lbbench.predict import Prediction, paper_scheme
+    from lbbench.predict.data import Example
+    from lbbench.predict.evaluate import ranking_metrics
+
+    # model a: true 10, 20, 30 predicted 1, 3, 2 -> tau (2 - 1) / 3; model b: true 100, 200 predicted in order -> 1
+    rows = [Example(f"p{i}", t, pt, None, m) for i, (t, pt, m) in
+            enumerate([(10, 5, "a"), (20, 4, "a"), (30, 3, "a"), (100, 2, "b"), (200, 1, "b")])]
+    preds = [Prediction(0, e, e, 2 * e) for e in (1, 3, 2, 150, 250)]
+    out = ranking_metrics(rows, preds, paper_scheme())
+    per = {m["model"]: m for m in out["per_model"]}
+    assert per["a"]["kendall_tau"] == pytest.approx(1 / 3) and per["b"]["kendall_tau"] == pytest.approx(1.0)
+    assert out["within_model_kendall_tau"] == pytest.approx((3 * (1 / 3) + 2 * 1.0) / 5)
+    # pooled: 10 pairs, only (20, 30) discordant -> (9 - 1) / 10
+    assert out["kendall_tau"] == pytest.approx(0.8)
+    assert out["mae_tokens"] == pytest.approx((9 + 17 + 28 + 50 + 50) / 5)
+    # p50 = expected (1, 3, 2, 150, 250) and p90 = 2 x expected (2, 6, 4, 300, 500) both cover only 100 and 200
+    assert out["p50_coverage"] == pytest.approx(2 / 5) and out["p90_coverage"] == pytest.approx(2 / 5)
+    # prompt length falls as output grows: tau -1
+    assert out["prompt_length_baseline_kendall_tau"] == pytest.approx(-1.0)
