@@ -235,7 +235,17 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
 @_trace_options_decorator
 def run_cmd(**kw: Any) -> None:
-    """Replay a workload through routers on a simulated or live cluster."""
+    """Replay a workload through routers on a simulated or live cluster.
+
+    \b
+    Examples:
+      lbbench run                                              # paper setup: 4 x V100, paper-mix, 20 req/s
+      lbbench run --router round_robin,jsq,least_requests --instance-scheduler fcfs,priority --seeds 5
+      lbbench run --profile llama3.1-8b-a100 --trace azure.csv --rate 2,5,10 --slo ttft=1,e2e=30
+      lbbench run --launch tiny --instances 2 --workload poisson --rate 4 --requests 100   # real vLLM (CPU)
+      lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
+      lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
+    """
     from .profiles import load_profile
 
     trace_opts: dict[str, Any] = {}
@@ -329,8 +339,33 @@ def run_cmd(**kw: Any) -> None:
     else:
         summary, complete = _run_sim(cfg, profile, out_dir, run_id)
     _print_summary(summary, cfg, kw["fmt"], out_dir, complete)
+    _say_rejections(out_dir / "requests.parquet", profile)
     if not complete:
         sys.exit(130)
+
+
+def _say_rejections(path: Path, profile: Any) -> None:
+    """One line per kind of request that did not complete: how many, why, and what changes it."""
+    import polars as pl
+    if not path.is_file():
+        return
+    df = pl.read_parquet(path)
+    if "error" not in df.columns or df.height == 0:
+        return
+    bad = df.filter(pl.col("error").is_not_null())
+    if bad.height == 0:
+        return
+    too_long = bad.filter(pl.col("error").str.contains("max_model_len"))
+    if too_long.height:
+        err_console.print(f"note: {too_long.height} of {df.height} requests were rejected: prompt + output longer "
+                          f"than the profile's max_model_len ({profile.max_model_len} tokens), as vLLM would; "
+                          "--max-prompt-tokens drops long trace prompts, a profile with a larger max_model_len "
+                          "(lbbench profile derive --max-model-len) serves them", highlight=False, soft_wrap=True)
+    other = bad.filter(~pl.col("error").str.contains("max_model_len"))
+    if other.height:
+        first = other["error"][0].splitlines()[0][:160]
+        err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
+                          f"in {path} with its error", highlight=False, soft_wrap=True)
 
 
 def _rates(value: str | None) -> list[float]:
