@@ -8,7 +8,7 @@ A designed sweep, each point run on an otherwise idle engine with distinct promp
   mean gap between tokens (span / tokens, robust to several tokens arriving in one streamed chunk), the median
   over requests, is one decode step at batch ``B`` over about ``B x (c + tokens so far)`` tokens of context.
 
-Least squares over all points gives ``base_s``, ``prefill_token_s``, ``decode_seq_s`` and ``context_token_s``
+Least squares over the points' medians (repeats and instances pooled) gives ``base_s``, ``prefill_token_s``, ``decode_seq_s`` and ``context_token_s``
 (non-negative) and the API latency added to the first token (``api_overhead_s``); residuals and R² go into the
 profile's ``[source]``. The KV cache (``num_gpu_blocks``, ``block_size``) is read from vLLM's
 ``vllm:cache_config_info`` metric, ``max_model_len`` from ``/v1/models``. A sweep that fails mid-way keeps its
@@ -41,6 +41,7 @@ class Sweep:
     decode_contexts: tuple[int, ...] = (16, 512, 1536)
     decode_tokens: int = 48
     repeats: int = 3
+    decode_repeats: int = 2
 
 
 @dataclass
@@ -172,10 +173,11 @@ async def _sweep(m: Measurement, infos: list[EngineInfo], sweep: Sweep, max_num_
             progress(f"prefill {p} tokens")
         for c in (c for c in sweep.decode_contexts if c <= limit):
             for b in (b for b in sweep.decode_batches if b <= max_num_seqs):
-                for results in await on_all(c, sweep.decode_tokens, b):
-                    step_s = _decode_step_s(results)
-                    if step_s is not None:
-                        obs.append(Observation("step", 0, b, b * (c + sweep.decode_tokens / 2), step_s))
+                for _ in range(sweep.decode_repeats):
+                    for results in await on_all(c, sweep.decode_tokens, b):
+                        step_s = _decode_step_s(results)
+                        if step_s is not None:
+                            obs.append(Observation("step", 0, b, b * (c + sweep.decode_tokens / 2), step_s))
                 progress(f"decode batch {b}, context {c}")
 
 
@@ -201,6 +203,15 @@ def run_sweep(urls: list[str], *, sweep: Sweep = Sweep(), max_num_seqs: int = 25
 
 # ---------------------------------------------------------------------------- the fit
 COEFFICIENTS = ("api_overhead_s", "base_s", "prefill_token_s", "decode_seq_s", "context_token_s")
+
+
+def medians(obs: list[Observation]) -> list[Observation]:
+    """One observation per sweep point (kind, prompt, batch, context): the median of its repeats and
+    instances. On a shared host single points can be several times their typical value; the median is not."""
+    groups: dict[tuple, list[float]] = {}
+    for o in obs:
+        groups.setdefault((o.kind, o.prefill_tokens, o.decode_seqs, round(o.context_tokens)), []).append(o.time_s)
+    return [Observation(k[0], k[1], k[2], float(k[3]), float(np.median(v))) for k, v in groups.items()]
 
 
 def fit_step_model(obs: list[Observation]) -> dict[str, float]:
@@ -246,7 +257,7 @@ def fit_step_model(obs: list[Observation]) -> dict[str, float]:
 def fit_profile(m: Measurement, *, name: str, max_num_seqs: int, max_num_batched_tokens: int,
                 chunked_prefill: bool, hardware: str) -> dict:
     """The measured profile as a TOML-ready dict."""
-    fit = fit_step_model(m.observations)
+    fit = fit_step_model(medians(m.observations))
     e = m.engine
     base = fit["base_s"]
     if base <= 0:
