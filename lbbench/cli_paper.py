@@ -51,7 +51,7 @@ SETUPS: dict[str, Setup] = {
                      "--seeds", "5"), {"wgrl": 11.62}),
     "a100": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--workload", "paper-mix", "--rate", "80",
                    "--requests", "2000", "--router", "round_robin,wgrl", "--predictor", "noisy:0.79",
-                   "--chunked-prefill", "both", "--seeds", "5"), {"wgrl": 10.71},
+                   "--chunked-prefill", "both", "--seeds", "5"), {"wgrl": 10.71, "wgrl@chunked": 11.06},
                   "paper: +10.71 % with chunked prefill off, +11.06 % with it on"),
     "production": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--window", "0:1800", "--rate", "20",
                          "--requests", "2000", "--router", "round_robin,jsq,wgrl", "--predictor", "noisy:0.79"),
@@ -99,6 +99,7 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
         if s.metric == "makespan":
             click.echo(f"  {name:<22}{extra}  makespan {row['makespan_s']:.1f} s  mean E2E {row['mean_e2e_s']:.1f} s")
             continue
-        paper_txt = f"{s.paper_pct[name]:+.2f} %" if name in s.paper_pct else "-"
+        key = f"{name}@chunked" if row.get("chunked_prefill") and f"{name}@chunked" in s.paper_pct else name
+        paper_txt = f"{s.paper_pct[key]:+.2f} %" if key in s.paper_pct else "-"
         click.echo(f"  {name:<12}{extra}  lbbench {row['improvement_vs_round_robin_pct']:+6.1f} %  "
                    f"(mean E2E {row['mean_e2e_s']:.1f} s, p99 {row['p99_e2e_s']:.1f} s)   paper {paper_txt}")
