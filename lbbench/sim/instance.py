@@ -63,7 +63,7 @@ class SimRequest:
     __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "num_computed",
                  "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
                  "first_token_s", "finish_s", "version", "expected", "extra_times",
-                 "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens")
+                 "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens", "hit_memo")
 
     def __init__(self, request: Request):
         self.request = request
@@ -91,6 +91,7 @@ class SimRequest:
         self.own_entry: int | None = None  # free-queue group of its own blocks, after a preemption
         self.n_named_prev = -1
         self.cached_tokens: int | None = None  # prompt tokens reused at its first admission
+        self.hit_memo: tuple | None = None  # (cache version, Hit) of its last lookup
 
     @property
     def num_tokens(self) -> int:

@@ -82,11 +82,13 @@ class PrefixCache:
         self.query_tokens = 0
         self.preempted_hit_tokens = 0  # re-admissions after a preemption
         self._next_entry = 1
+        self.version = 0  # bumped whenever what ``peek`` sees may have changed
 
     # ------------------------------------------------------------------ queue
     def _push(self, key: int | None, blocks: int, owner: int | None) -> int:
         eid = self._next_entry
         self._next_entry += 1
+        self.version += 1
         self.queue[eid] = [key, blocks, owner]
         self.num_queued += blocks
         if key is not None:
@@ -96,6 +98,9 @@ class PrefixCache:
     def settle(self, free_blocks: int) -> None:
         """Evict from the queue head until it holds no more than ``free_blocks`` blocks."""
         excess = self.num_queued - free_blocks
+        if excess <= 0:
+            return
+        self.version += 1
         queue = self.queue
         while excess > 0:
             eid, entry = next(iter(queue.items()))
@@ -118,6 +123,14 @@ class PrefixCache:
     # ------------------------------------------------------------------ admission
     def peek(self, r: Any) -> Hit:
         """The reuse available to ``r`` (not yet admitted, nothing computed) right now."""
+        memo = r.hit_memo
+        if memo is not None and memo[0] == self.version:
+            return memo[1]
+        hit = self._peek(r)
+        r.hit_memo = (self.version, hit)
+        return hit
+
+    def _peek(self, r: Any) -> Hit:
         ref = self.ref
         max_hit = (r.num_tokens - 1) // self.block_size
         named = from_free = 0
@@ -139,6 +152,7 @@ class PrefixCache:
 
     def acquire(self, r: Any, hit: Hit) -> None:
         """Admit ``r`` with ``hit``: hold its blocks, take them out of the free queue."""
+        self.version += 1
         ref = self.ref
         held = r.keys[:hit.named]
         for key in held:
@@ -180,6 +194,7 @@ class PrefixCache:
         stop = min(full_blocks, len(r.keys))
         if r.n_reg >= stop:
             return
+        self.version += 1
         ref = self.ref
         for key in r.keys[r.n_reg:stop]:
             if key not in ref:  # a copy cached elsewhere (its chain was broken) stays the only one
