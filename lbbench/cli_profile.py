@@ -192,13 +192,16 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--max-error-pct", type=click.FloatRange(min=0), default=None,
               help="Exit 1 when any router's mean E2E error exceeds this (a regression gate).")
 @click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write every simulated and live record (records.parquet) and the report (fidelity.json) here.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="runs/fidelity-logs", show_default=True)
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
                  workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, routers: str,
                  requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
-                 max_error_pct: float | None, vllm_python: str | None, log_dir: str, port_base: int,
+                 max_error_pct: float | None, vllm_python: str | None, out_dir: str | None, log_dir: str,
+                 port_base: int,
                  fmt: str) -> None:
     """Replay the same requests live and in the simulator with the same routers; report per router the error
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
@@ -229,12 +232,15 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
     else:
         ctx = contextlib.nullcontext(list(endpoint))
     with ctx as urls:
-        tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed,
+        tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed, out_dir=out_dir,
                                  progress=lambda what: click.echo(f"  {what}", err=True))
     worst = max(abs(r.mean_e2e_error_pct) for r in rows)
+    report = {"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
+              "routers": [r.as_dict() for r in rows]}
+    if out_dir is not None:
+        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
     if fmt == "json":
-        click.echo(json.dumps({"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
-                               "routers": [r.as_dict() for r in rows]}, indent=2))
+        click.echo(json.dumps(report, indent=2))
     else:
         from rich.console import Console
         from rich.table import Table

@@ -148,8 +148,10 @@ def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
 
 def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequence[str], endpoints: Sequence[str],
                  *, repeats: int = 3, seed: int = 0, router_options: dict | None = None,
+                 out_dir=None,
                  progress: Callable[[str], None] = lambda what: None) -> tuple[float, list[RouterFidelity]]:
-    """Replay ``requests`` live ``repeats`` times per router (interleaved) and once in the simulator."""
+    """Replay ``requests`` live ``repeats`` times per router (interleaved) and once in the simulator; with
+    ``out_dir``, every run's records go to ``out_dir/records.parquet`` (column ``source``: sim or live-K)."""
     from ..harness.replay import run_replay
     from ..routers import get_router
     from ..sim.cluster import ClusterSim
@@ -179,4 +181,16 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
             if after is not None and after[0] > before[0]:
                 live_hits[name].append((after[1] - before[1]) / (after[0] - before[0]))
             progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(res.records)['mean_e2e_s']:.3f} s")
+    if out_dir is not None:
+        from pathlib import Path
+        frames = [_records_frame(recs, name, "sim") for name, recs in sim_runs.items()]
+        frames += [_records_frame(recs, name, f"live-{k}") for name, runs in live_runs.items()
+                   for k, recs in enumerate(runs)]
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        pl.concat(frames, how="diagonal_relaxed").write_parquet(Path(out_dir) / "records.parquet")
     return compare(routers, sim_runs, live_runs, live_hits)
+
+
+def _records_frame(records: Sequence[RequestRecord], router: str, source: str) -> pl.DataFrame:
+    df = pl.DataFrame([r.as_dict() for r in records], infer_schema_length=None)
+    return df.with_columns(pl.lit(router).alias("router"), pl.lit(source).alias("source"))

@@ -43,7 +43,7 @@ def test_errors_mape_and_spread_by_hand():
     assert row.ttft_mean_error_pct == pytest.approx(0.0)
 
 
-def test_fidelity_cli_against_emulated_instances():
+def test_fidelity_cli_against_emulated_instances(tmp_path):
     """serve-sim instances run the simulator's instance model behind real HTTP streams in real time, so the
     simulated and the 'live' numbers must agree (the bound is loose because on a loaded test machine the
     emulator and the client lag behind real time; a unit or pairing mistake is far outside it)."""
@@ -51,7 +51,7 @@ def test_fidelity_cli_against_emulated_instances():
     with EmulatorFleet(FleetConfig(prof, 2)) as fleet:
         args = ["fidelity", "--profile", "llama3.1-8b-a100", "--workload", "poisson", "--requests", "40",
                 "--rate", "30", "--prompt-tokens", "256:0.5", "--output-tokens", "48:0.5",
-                "--router", "round_robin,jsq", "--repeats", "2", "--format", "json", "--max-error-pct", "40"]
+                "--router", "round_robin,jsq", "--repeats", "2", "--format", "json", "--max-error-pct", "40", "--out", str(tmp_path / "fid")]
         for url in fleet.endpoints:
             args += ["--endpoint", url]
         res = CliRunner().invoke(main, args)
@@ -63,6 +63,11 @@ def test_fidelity_cli_against_emulated_instances():
                           "e2e_mape_pct", "ttft_mean_error_pct", "tbt_mean_error_pct"}
         assert abs(r["mean_e2e_error_pct"]) < 40 and r["e2e_mape_pct"] < 60
         assert len(r["live_mean_e2e_by_repeat_s"]) == 2
+    import polars as pl
+    recs = pl.read_parquet(tmp_path / "fid" / "records.parquet")
+    assert sorted(recs["source"].unique().to_list()) == ["live-0", "live-1", "sim"]
+    assert recs.height == 40 * 2 * 3
+    assert json.loads((tmp_path / "fid" / "fidelity.json").read_text())["rank_tau"] == out["rank_tau"]
 
 
 def test_fidelity_needs_one_kind_of_backend():
