@@ -30,6 +30,8 @@ EXPECTED = {
 def test_statistics_match_sources(name):
     path = TRACE_DIR / name
     if not path.is_file():
+        if os.environ.get("CI") or os.environ.get("LBBENCH_REQUIRE_SHARED") == "1":
+            pytest.fail(f"shared trace {name} not found at {path}")
         pytest.skip(f"{name} not present")
     fmt, rows, span_s, rate, prompt, output = EXPECTED[name]
     tf = read_trace(path)
