@@ -43,6 +43,9 @@ class RouterFidelity:
                 "sim_mean_e2e_s": self.sim["mean_e2e_s"], "live_spread_pct": self.live_spread_pct,
                 "mean_e2e_error_pct": self.mean_e2e_error_pct, "e2e_mape_pct": self.e2e_mape_pct,
                 "ttft_mean_error_pct": self.ttft_mean_error_pct, "tbt_mean_error_pct": self.tbt_mean_error_pct,
+                "p50_e2e_error_pct": _err(self.sim["p50_e2e_s"], self.live["p50_e2e_s"]),
+                "p99_e2e_error_pct": _err(self.sim["p99_e2e_s"], self.live["p99_e2e_s"]),
+                "p50_ttft_error_pct": _err(self.sim["p50_ttft_s"], self.live["p50_ttft_s"]),
                 "live": self.live, "sim": self.sim, "live_mean_e2e_by_repeat_s": self.live_mean_e2e_by_repeat_s,
                 "live_prefix_hit_rate": self.live_prefix_hit_rate, "sim_prefix_hit_rate": self.sim_prefix_hit_rate}
 
