@@ -228,7 +228,9 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
         ctx = launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
                      max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
                      log_dir=log_dir, port_base=port_base,
-                     extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"])
+                     extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"],
+                     # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
+                     extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
     else:
         ctx = contextlib.nullcontext(list(endpoint))
     with ctx as urls:

@@ -256,7 +256,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            extra_args: Sequence[str] = (), vllm_python: str | None = None,
            log_dir: str | Path = "logs", port_base: int = 8100, health_timeout_s: float = 600.0,
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
-           scheduling_policy: str | None = None) -> Iterator[list[str]]:
+           scheduling_policy: str | None = None,
+           extra_env: dict[str, str] | None = None) -> Iterator[list[str]]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
@@ -285,6 +286,7 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
             for i in range(instances):
                 port = port_base + i
                 env = dict(os.environ)
+                env.update(extra_env or {})
                 env.setdefault("HF_HUB_OFFLINE", "1")
                 env.setdefault("VLLM_NO_USAGE_STATS", "1")
                 if cpu:

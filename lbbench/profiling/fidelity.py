@@ -109,6 +109,21 @@ def prefix_counters(endpoints: Sequence[str]) -> tuple[float, float] | None:
     return sums[0], sums[1]
 
 
+def reset_prefix_caches(endpoints: Sequence[str]) -> bool:
+    """Empty each engine's prefix cache (vLLM's ``POST /reset_prefix_cache``, served in its dev mode), so that a
+    replay does not inherit the previous one's cached prompts; False where an engine does not offer it."""
+    import urllib.request
+    ok = True
+    for url in endpoints:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + "/reset_prefix_cache", data=b"",
+                                                               method="POST"), timeout=10) as resp:
+                ok &= resp.status == 200
+        except OSError:
+            ok = False
+    return ok
+
+
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's τ-a between two equally long sequences (ties count zero)."""
     n = len(x)
@@ -174,6 +189,8 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
     for k in range(repeats):
         order = list(routers[k % len(routers):]) + list(routers[:k % len(routers)])
         for name in order:
+            if profile.enable_prefix_caching:
+                reset_prefix_caches(endpoints)
             before = prefix_counters(endpoints) if profile.enable_prefix_caching else None
             res = run_replay(requests, router(name), endpoints, specs=specs, run_id=f"fidelity-live-{k}",
                              seed=seed, min_step_s=profile.min_step_s, scrape_interval_s=None)
