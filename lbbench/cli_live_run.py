@@ -94,7 +94,8 @@ def _live_spec(profile: Profile, url: str):
 def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
     """A function from a seed's requests to their text prompts ({} when token ids are sent)."""
     from .harness.replay import served_models
-    from .harness.text_prompts import (accepts_token_ids, endpoint_counter, local_counter, texts_for)
+    from .harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
+                                       texts_for)
 
     mode = kw.get("prompt_mode") or "auto"
     if mode == "ids":
@@ -113,7 +114,7 @@ def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
         try:
             probe("probe")
             count = probe
-        except Exception:  # noqa: BLE001 - no /tokenize there: approximate lengths, said once
+        except TextPromptError:  # no /tokenize there: approximate lengths, said once
             console.print("[yellow]warning: text prompts with approximate lengths (the endpoint has no "
                           "/tokenize; give --tokenizer PATH for exact ones)[/yellow]")
     console.print(f"sending text prompts ({'exact lengths' if count else 'approximate lengths'})")

@@ -78,15 +78,20 @@ def _req(rid: int, p: int, d: int) -> Request:
     return Request(rid, 0.0, p, d)
 
 
-def test_penalties_from_cluster_view():
+def _two_request_view():
+    """Three instances: 0 holds one request still to prefill (prompt 1000, 300 decode left, so it holds 1000
+    KV tokens); 1 holds one decoding request (prompt 100, 50 of 300 generated: 250 left, context 150); 2 is
+    empty."""
     state = ClusterState([InstanceSpec()] * 3)
-    # instance 0: one request prefilling (prompt 1000 pending, 300 decode left)
     state.apply(Dispatched(_req(1, 1000, 300), 0, 0.0))
-    # instance 1: one request decoding, 50 of 300 generated -> 250 left, nothing pending
     state.apply(Dispatched(_req(2, 100, 300), 1, 0.0))
     state.apply(FirstToken(2, 1, 0.1))
     state.apply(StepsAdvanced(1, 0.5, 49))
-    view = state.view()
+    return state.view()
+
+
+def test_penalties_from_cluster_view():
+    view = _two_request_view()
     assert view.instances[1].predicted_tokens_remaining == 250
     pens = penalties(V100, view, _req(9, 200, 100), estimator="interference")
     # inst 0: 0.5*3.2e-4*(200+1000) + 0.5*3.3e-5*2*min(100,300) = 0.192 + 0.0033
@@ -142,14 +147,7 @@ def test_paper_r_mix_hand_computed():
 
 
 def test_paper_penalties_read_the_kv_held_from_the_view():
-    state = ClusterState([InstanceSpec()] * 3)
-    # instance 0: one request waiting to prefill 1000 prompt tokens -> holds 1000
-    state.apply(Dispatched(_req(1, 1000, 300), 0, 0.0))
-    # instance 1: prompt 100 decoding, 50 generated -> context 150 (first token + 49 steps)
-    state.apply(Dispatched(_req(2, 100, 300), 1, 0.0))
-    state.apply(FirstToken(2, 1, 0.1))
-    state.apply(StepsAdvanced(1, 0.5, 49))
-    view = state.view()
+    view = _two_request_view()
     assert [kv_tokens_held(iv) for iv in view.instances] == [1000, 150, 0]
     pens = penalties(PAPER, view, _req(9, 10, 200))  # the default estimator is the paper's
     # inst 0: -r_mix = 3.039965 (hand-computed above)
