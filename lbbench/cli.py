@@ -39,6 +39,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                       ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
                       ("lbbench.profiling.models", "ModelConfigError"),
                       ("lbbench.profiling.measure", "MeasureError"),
+                      ("lbbench.profiling.calibrate", "CalibrationError"),
                       ("lbbench.harness.text_prompts", "TextPromptError")):
         try:
             errs.append(getattr(importlib.import_module(mod), name))

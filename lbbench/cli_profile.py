@@ -1,4 +1,4 @@
-"""``lbbench profile derive|measure`` and ``lbbench fidelity``: where profiles come from, and how true they are."""
+"""``lbbench profile derive|measure|calibrate`` and ``lbbench fidelity``: where profiles come from, and how true they are."""
 
 from __future__ import annotations
 
@@ -15,6 +15,69 @@ def write_profile_toml(profile: dict, out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(tomli_w.dumps(profile))
     return out
+
+
+def _options(*decorators):
+    """Several click options as one decorator (shared by ``fidelity`` and ``profile calibrate``)."""
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+_backend_and_workload_options = _options(
+    click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each."),
+    click.option("--launch", "launch_model", default=None,
+                 help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured "
+                      "as the profile says (max_num_seqs, token budget, chunked prefill, prefix caching)."),
+    click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch."),
+    click.option("--workload", default="poisson", show_default=True,
+                 help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),
+    click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead."),
+    click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+                 help="With --trace: drop requests with longer prompts (e.g. to fit a small test model)."),
+    click.option("--prompt-tokens", default="128", show_default=True,
+                 help="Poisson workload prompt lengths: N or MEAN:CV (lognormal)."),
+    click.option("--output-tokens", default="128", show_default=True,
+                 help="Poisson workload output lengths: N or MEAN:CV."),
+)
+
+_load_options = _options(
+    click.option("--requests", type=click.IntRange(min=1), default=150, show_default=True),
+    click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+                 help="Arrival rate (req/s); with --trace, the trace is rescaled to it."),
+)
+
+
+def _requests_for(prof, profile_name: str, *, workload: str, trace: str | None, max_prompt_tokens: int | None,
+                  rate: float, requests: int, seed: int, prompt_tokens: str, output_tokens: str, predictor: str):
+    from .experiment import RunConfig, build_requests
+    from .predict import annotate, load_predictor
+
+    cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
+                    trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
+                    seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
+    return annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
+
+
+def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int, *, vllm_python, log_dir,
+                       port_base: int):
+    """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
+    import contextlib
+
+    from .harness.launcher import launch
+
+    if bool(endpoint) == (launch_model is not None):
+        raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
+    if launch_model is None:
+        return contextlib.nullcontext(list(endpoint))
+    return launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
+                  max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
+                  log_dir=log_dir, port_base=port_base,
+                  extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"],
+                  # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
+                  extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
 
 
 @click.group("profile")
@@ -163,28 +226,76 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
         raise MeasureError(f"sweep incomplete ({m.error}); {out_path} is marked complete = false")
 
 
+@profile.command("calibrate")
+@click.option("--profile", "profile_name", required=True,
+              help="The measured profile (a .toml) to calibrate; its shape (the ratios of its step costs) is kept.")
+@_backend_and_workload_options
+@click.option("--router", default="round_robin", show_default=True, help="Router of the calibration replays.")
+@_load_options
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Live replays of the calibration requests (their means are fitted).")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
+@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/calibrate-logs", show_default=True)
+@click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
+def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
+                  workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str,
+                  output_tokens: str, router: str, requests: int, rate: float, repeats: int, seed: int,
+                  predictor: str, vllm_python: str | None, log_dir: str, port_base: int, out: str) -> None:
+    """Fit a measured profile to the regime of a live replay: one factor on the step costs from the mean time
+    between tokens, the front end's latency from the mean time to first token (end-to-end latency is fitted on
+    neither). Validate on other requests with `lbbench fidelity --seed 0`."""
+    import tomllib
+
+    from .profiles import load_profile
+    from .profiling.calibrate import calibrated_toml, fit, live_replays
+    from .routers import get_router
+    from .sim.cluster import ClusterSim
+
+    path = Path(profile_name)
+    if path.suffix != ".toml" or not path.is_file():
+        raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
+    prof = load_profile(path)
+    ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
+                             port_base=port_base)
+    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, predictor=predictor)
+
+    def make_router(n: int, p=prof):
+        return get_router(router, num_instances=n, seed=seed, profile=p)
+
+    with ctx as urls:
+        n = len(urls)
+        runs = live_replays(reqs, lambda: make_router(n), urls, prof, repeats=repeats, seed=seed,
+                            progress=lambda what: click.echo(f"  {what}", err=True))
+    cal = fit(prof, runs, lambda p: ClusterSim(p, n, reqs, seed=seed, run_id="calibrate-sim").run(make_router(n, p)))
+    what = (f"{len(reqs)} requests ({trace or workload}, seed {seed}, {rate:g} req/s), router {router}, "
+            f"{n} instance(s), {repeats} replay(s)")
+    doc = calibrated_toml(tomllib.loads(path.read_text()), cal, what=what)
+    doc["name"] = Path(out).stem
+    write_profile_toml(doc, out)
+    click.echo(f"{doc['name']}: step costs x{cal.step_scale:.3f} (live mean TBT {cal.live_mean_tbt_s * 1e3:.2f} ms), "
+               f"API overhead {cal.api_overhead_s * 1e3:.2f} ms (live mean TTFT {cal.live_mean_ttft_s * 1e3:.1f} ms); "
+               f"mean E2E live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s before, "
+               f"{cal.sim_after['mean_e2e_s']:.3f} s after")
+    click.echo(f"wrote {out}")
+
+
+
 @click.command("fidelity")
 @click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
-@click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each.")
-@click.option("--launch", "launch_model", default=None,
-              help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured as "
-                   "the profile says (max_num_seqs, token budget, chunked prefill, prefix caching).")
-@click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch.")
-@click.option("--workload", default="poisson", show_default=True,
-              help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace).")
-@click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead.")
-@click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="With --trace: drop requests with longer prompts (e.g. to fit a small test model).")
-@click.option("--prompt-tokens", default="128", show_default=True, help="Poisson workload prompt lengths: N or MEAN:CV (lognormal).")
-@click.option("--output-tokens", default="128", show_default=True, help="Poisson workload output lengths: N or MEAN:CV.")
+@_backend_and_workload_options
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
               help="Comma-separated routers to compare.")
-@click.option("--requests", type=click.IntRange(min=1), default=150, show_default=True)
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-              help="Arrival rate (req/s); with --trace, the trace is rescaled to it.")
+@_load_options
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Live replays per router, interleaved by router.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the evaluated requests (calibrate a profile on another).")
 @click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
 @click.option("--prefix-caching/--no-prefix-caching", default=None,
               help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "
@@ -206,33 +317,18 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
     """Replay the same requests live and in the simulator with the same routers; report per router the error
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
     same way (Kendall tau)."""
-    import contextlib
-
-    from .experiment import RunConfig, build_requests
-    from .harness.launcher import launch
-    from .predict import annotate, load_predictor
     from .profiles import load_profile
     from .profiling.fidelity import run_fidelity
 
-    if bool(endpoint) == (launch_model is not None):
-        raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)
     if prefix_caching is not None:
         prof = prof.with_overrides(enable_prefix_caching=prefix_caching)
-    cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
-                    trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
-                    seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
-    reqs = annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
-    if launch_model is not None:
-        ctx = launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
-                     max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
-                     log_dir=log_dir, port_base=port_base,
-                     extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"],
-                     # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
-                     extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
-    else:
-        ctx = contextlib.nullcontext(list(endpoint))
+    ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
+                             port_base=port_base)
+    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, predictor=predictor)
     with ctx as urls:
         tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed, out_dir=out_dir,
                                  progress=lambda what: click.echo(f"  {what}", err=True))

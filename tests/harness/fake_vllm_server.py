@@ -14,7 +14,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
 args, _ = parser.parse_known_args()
 print("fake vllm starting", " ".join(sys.argv[1:]), flush=True)
-for var in ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+for var in ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+            "VLLM_ENABLE_V1_MULTIPROCESSING"):
     print(f"env {var}={os.environ.get(var)}", flush=True)
 if os.environ.get("FAKE_VLLM_EXIT"):
     print("fake vllm: failing on purpose", flush=True)

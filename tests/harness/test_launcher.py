@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from lbbench.harness.emulator import free_port, free_port_range
-from lbbench.harness.launcher import LaunchError, launch, split_cores
+from lbbench.harness.launcher import LaunchError, cpu_executor_for, launch, split_cores
 
 FAKE = str(Path(__file__).with_name("fake_vllm_server.py"))
 
@@ -174,3 +174,29 @@ def test_cpu_servers_split_the_cores(tmp_path, pid_file, monkeypatch):
     assert "env VLLM_CPU_OMP_THREADS_BIND=0-1" in (tmp_path / "server-0.log").read_text()
     assert "env VLLM_CPU_OMP_THREADS_BIND=2-3" in (tmp_path / "server-1.log").read_text()
     assert "--enforce-eager" in (tmp_path / "server-0.log").read_text()
+    # two cores per instance: vLLM's default mp executor (its CPU platform sets OpenMP up there)
+    assert "--distributed-executor-backend" not in (tmp_path / "server-0.log").read_text()
+    assert "env VLLM_ENABLE_V1_MULTIPROCESSING=None" in (tmp_path / "server-0.log").read_text()
+
+
+def test_one_core_per_cpu_instance_runs_the_model_in_the_engine_core(tmp_path, pid_file, monkeypatch):
+    import lbbench.harness.launcher as launcher
+
+    monkeypatch.setattr(launcher, "visible_gpus", lambda: [])
+    monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1})
+    with launch("m", 2, log_dir=tmp_path, port_base=free_port_range(2), health_timeout_s=30,
+                command=[sys.executable, FAKE], stop_grace_s=2):
+        pass
+    for i in (0, 1):
+        log = (tmp_path / f"server-{i}.log").read_text()
+        assert "--distributed-executor-backend uni" in log and "env VLLM_ENABLE_V1_MULTIPROCESSING=0" in log
+        assert f"env VLLM_CPU_OMP_THREADS_BIND={i}" in log
+
+
+def test_cpu_executor_choice():
+    assert cpu_executor_for(["0", "1"]) == "uni"
+    assert cpu_executor_for(["0-1", "2-3"]) == "mp"
+    assert cpu_executor_for(["0", "1", "0"]) == "mp"  # instances share a core
+    assert cpu_executor_for(["0", "1"], "mp") == "mp" and cpu_executor_for(["0-3"], "uni") == "uni"
+    with pytest.raises(LaunchError, match="--cpu-executor"):
+        cpu_executor_for(["0"], "threads")

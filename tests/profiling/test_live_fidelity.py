@@ -1,11 +1,11 @@
-"""Live tier: measure a profile from real vLLM (CPU build, tiny model, two instances) and check the simulator's
-fidelity against the same engine: the mean E2E error of every router must stay within MAX_ERROR_PCT.
+"""Live tier: measure a profile from real vLLM (CPU build, tiny model, two instances), calibrate it on one set of
+requests, and check the simulator's fidelity on another: the mean E2E error of every router must stay within the
+issue's 15 %.
 
-The issue's target is 15 %. On a 2-core machine two vLLM CPU instances, their front ends and the client share
-the cores: host stalls of 0.2-1.5 s hit about one request in ten, and decode steps under a streaming replay are
-slower than in the measurement sweep; the simulator models neither. The measured error ranged from -20 % to
--60 % between runs (docs/fidelity.md). The gate is a sanity bound above that: it catches a broken model, fit or
-unit (an error of a factor of four or more), not the host's noise, and it is not the issue's target.
+The calibration fits the measured step model's scale to the live mean time between tokens and the front end's
+latency to the live mean time to first token (``lbbench profile calibrate``, seed 1); the gated E2E is fitted on
+neither, and the evaluated requests (seed 0) are not the calibration's. Without the calibration, the sweep-measured
+profile alone was 20-60 % off on this 2-core host (docs/fidelity.md).
 
 Needs ``.venv-vllm`` (``make vllm-env``); skipped without it unless ``LBBENCH_REQUIRE_LIVE=1``.
 """
@@ -23,27 +23,34 @@ from lbbench.harness.emulator import free_port_range
 from lbbench.profiles import load_profile
 
 pytestmark = pytest.mark.live
-MAX_ERROR_PCT = 75.0
+MAX_ERROR_PCT = 15.0
+WORKLOAD = ["--workload", "poisson", "--prompt-tokens", "256:0.5", "--output-tokens", "64:0.5", "--requests", "60",
+            "--rate", "4"]
 
 
-def test_measure_then_fidelity_on_real_vllm(tmp_path):
+def test_measure_calibrate_then_fidelity_on_real_vllm(tmp_path):
     _vllm_python_or_skip()
     prof_path = tmp_path / "tiny.toml"
-    port = free_port_range(2)
     res = CliRunner().invoke(main, ["profile", "measure", "--launch", "tiny", "--instances", "2",
-                                    "--port", str(port), "--out", str(prof_path),
+                                    "--port", str(free_port_range(2)), "--out", str(prof_path),
                                     "--log-dir", str(tmp_path / "measure-logs")])
     assert res.exit_code == 0, res.output
     prof = load_profile(prof_path)
     assert prof.block_size > 0 and prof.num_kv_blocks > 0 and prof.base_s > 0
     assert prof.source["num_kv_blocks"].startswith("read from the engine")
 
-    port = free_port_range(2)
+    cal_path = tmp_path / "tiny-cal.toml"
+    res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", str(prof_path), "--launch", "tiny",
+                                    "--instances", "2", "--port-base", str(free_port_range(2)), *WORKLOAD,
+                                    "--seed", "1", "--out", str(cal_path), "--log-dir", str(tmp_path / "cal-logs")])
+    print(res.output)
+    assert res.exit_code == 0, res.output
+    assert "seed 1" in load_profile(cal_path).source["calibration"]
+
     res = CliRunner().invoke(main, [
-        "fidelity", "--profile", str(prof_path), "--launch", "tiny", "--instances", "2", "--port-base", str(port),
-        "--workload", "poisson", "--prompt-tokens", "256:0.5", "--output-tokens", "64:0.5", "--requests", "60",
-        "--rate", "4", "--router", "round_robin,jsq", "--repeats", "2", "--format", "json",
-        "--log-dir", str(tmp_path / "fidelity-logs")])
+        "fidelity", "--profile", str(cal_path), "--launch", "tiny", "--instances", "2",
+        "--port-base", str(free_port_range(2)), *WORKLOAD, "--seed", "0", "--router", "round_robin,jsq",
+        "--repeats", "2", "--format", "json", "--log-dir", str(tmp_path / "fidelity-logs")])
     out = json.loads(res.output[res.output.index("{"):])
     print(json.dumps(out, indent=1))
     assert res.exit_code == 0, res.output
