@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The fidelity benchmark on a machine without GPUs: measure a profile from two vLLM CPU instances serving the tiny
-# model, then replay a Poisson mix and a slice of the Azure conversation trace live and in the simulator through
-# three routers (3 interleaved live repeats each). Needs `make vllm-env`. Prints the tables; JSON in $OUT.
+# model, calibrate it on one Poisson request set (seed 1, round robin), then replay other requests -- the Poisson
+# mix with seed 0 and a slice of the Azure conversation trace -- live and in the simulator through three routers
+# (3 interleaved live repeats each), with the measured profile and with the calibrated one.
+# Needs `make vllm-env`. Prints the tables; JSON in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L="${LBBENCH:-.venv/bin/lbbench}"
@@ -9,12 +11,17 @@ OUT="${OUT:-runs/fidelity-bench}"
 TRACES="${TRACES:-../shared/traces}"
 REPEATS="${REPEATS:-3}"
 mkdir -p "$OUT"
+POISSON=(--workload poisson --prompt-tokens 256:0.5 --output-tokens 64:0.5 --requests 100 --rate 4)
 "$L" profile measure --launch tiny --instances 2 --out "$OUT/tiny.toml" --log-dir "$OUT/measure-logs"
-run() {  # name, then workload flags
-    local name=$1; shift
-    "$L" fidelity --profile "$OUT/tiny.toml" --launch tiny --instances 2 --router round_robin,jsq,least_requests \
+"$L" profile calibrate --profile "$OUT/tiny.toml" --launch tiny --instances 2 "${POISSON[@]}" --seed 1 \
+    --out "$OUT/tiny-cal.toml" --log-dir "$OUT/calibrate-logs"
+run() {  # name, profile, then workload flags
+    local name=$1 prof=$2; shift 2
+    "$L" fidelity --profile "$OUT/$prof.toml" --seed 0 --launch tiny --instances 2 --router round_robin,jsq,least_requests \
         --repeats "$REPEATS" --log-dir "$OUT/$name-logs" --format json "$@" > "$OUT/$name.json"
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], \"rank_tau\", d[\"rank_tau\"]); [print(\"  \", r[\"router\"], {k: round(v, 3) for k, v in r.items() if isinstance(v, float)}) for r in d[\"routers\"]]" "$OUT/$name.json"
 }
-run poisson --workload poisson --prompt-tokens 256:0.5 --output-tokens 64:0.5 --requests 100 --rate 4
-run azure --trace "$TRACES/AzureLLMInferenceTrace_conv.csv" --max-prompt-tokens 1024 --requests 80 --rate 3
+run poisson-cal tiny-cal "${POISSON[@]}"
+run azure-cal tiny-cal --trace "$TRACES/AzureLLMInferenceTrace_conv.csv" --max-prompt-tokens 1024 --requests 80 --rate 3
+[ -n "${SKIP_UNCALIBRATED:-}" ] || run poisson tiny "${POISSON[@]}"
+[ -n "${SKIP_UNCALIBRATED:-}" ] || run azure tiny --trace "$TRACES/AzureLLMInferenceTrace_conv.csv" --max-prompt-tokens 1024 --requests 80 --rate 3

@@ -72,10 +72,12 @@ def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int,
         raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
     if launch_model is None:
         return contextlib.nullcontext(list(endpoint))
+    extra = [] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"]
+    if not prof.chunked_prefill:  # vLLM without chunked prefill needs max_num_batched_tokens >= max_model_len
+        extra += ["--max-model-len", str(prof.max_model_len)]
     return launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
                   max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
-                  log_dir=log_dir, port_base=port_base,
-                  extra_args=[] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"],
+                  log_dir=log_dir, port_base=port_base, extra_args=extra,
                   # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
                   extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
 
@@ -169,8 +171,9 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
               help="The engine's max_num_seqs (passed to the server with --launch).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=16), default=2048, show_default=True,
               help="The engine's token budget per step (passed to the server with --launch).")
-@click.option("--chunked-prefill", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="Chunked prefill as the engine runs it (vLLM V1's default is on).")
+@click.option("--chunked-prefill", type=click.Choice(["on", "off", "both"]), default="on", show_default=True,
+              help="Chunked prefill as the engine runs it (vLLM V1's default is on). `both` (with --launch) "
+                   "measures the engine started each way and writes OUT-chunked.toml and OUT-no-chunked.toml.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Repeats of each prefill point.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
@@ -196,34 +199,47 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give exactly one of --endpoint URL or --launch MODEL")
-    chunked = chunked_prefill == "on"
+    if chunked_prefill == "both" and launch_model is None:
+        raise click.BadParameter("both needs --launch (an --endpoint runs one setting, as it was started)",
+                                 param_hint="--chunked-prefill")
     if hardware is None:
         gpus = visible_gpus()
         hardware = f"{len(gpus)} GPU(s)" if gpus else f"CPU ({platform.machine()}, vLLM CPU build)"
-    if launch_model is not None:
-        ctx = launch(launch_model, instances, chunked_prefill=chunked, max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, vllm_python=vllm_python,
-                     log_dir=log_dir, port_base=port, extra_args=["--no-enable-prefix-caching"])
+    base = Path(out)
+    if chunked_prefill == "both":
+        runs = [(True, base.with_name(base.stem + "-chunked.toml")),
+                (False, base.with_name(base.stem + "-no-chunked.toml"))]
     else:
-        ctx = contextlib.nullcontext(list(endpoint))
-    with ctx as urls:
-        m = run_sweep(list(urls), sweep=Sweep(repeats=repeats), max_num_seqs=max_num_seqs,
-                      progress=lambda what: click.echo(f"  measured {what}", err=True))
-    out_path = Path(out)
-    obs_path = out_path.with_suffix(".observations.json")
-    obs_path.parent.mkdir(parents=True, exist_ok=True)
-    obs_path.write_text(observations_json(m))
-    prof = fit_profile(m, name=name or out_path.stem, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked, hardware=hardware)
-    write_profile_toml(prof, out_path)
-    s = prof["step"]
-    click.echo(f"{prof['name']}: step = {s['base_s'] * 1e3:.2f} ms + {s['prefill_token_s'] * 1e6:.2f} us/prefill "
-               f"token + {s['decode_seq_s'] * 1e6:.2f} us/decode seq + {s['context_token_s'] * 1e9:.2f} ns/context "
-               f"token; R2 {prof['measure']['r2']:.4f}; KV {prof['kv']['num_kv_blocks']} blocks of "
-               f"{prof['kv']['block_size']}")
-    click.echo(f"wrote {out_path} (points in {obs_path})")
-    if not m.complete:
-        raise MeasureError(f"sweep incomplete ({m.error}); {out_path} is marked complete = false")
+        runs = [(chunked_prefill == "on", base)]
+    for chunked, out_path in runs:
+        extra = ["--no-enable-prefix-caching"]
+        if not chunked:  # vLLM without chunked prefill needs max_num_batched_tokens >= max_model_len
+            extra += ["--max-model-len", str(max_num_batched_tokens)]
+        if launch_model is not None:
+            ctx = launch(launch_model, instances, chunked_prefill=chunked, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, vllm_python=vllm_python,
+                         log_dir=log_dir, port_base=port, extra_args=extra)
+        else:
+            ctx = contextlib.nullcontext(list(endpoint))
+        with ctx as urls:
+            m = run_sweep(list(urls), sweep=Sweep(repeats=repeats), max_num_seqs=max_num_seqs,
+                          progress=lambda what: click.echo(f"  measured {what}", err=True))
+        obs_path = out_path.with_suffix(".observations.json")
+        obs_path.parent.mkdir(parents=True, exist_ok=True)
+        obs_path.write_text(observations_json(m))
+        pname = name + out_path.stem[len(base.stem):] if name else out_path.stem
+        prof = fit_profile(m, name=pname, max_num_seqs=max_num_seqs,
+                           max_num_batched_tokens=max_num_batched_tokens, chunked_prefill=chunked,
+                           hardware=hardware)
+        write_profile_toml(prof, out_path)
+        s = prof["step"]
+        click.echo(f"{prof['name']}: step = {s['base_s'] * 1e3:.2f} ms + {s['prefill_token_s'] * 1e6:.2f} us/prefill "
+                   f"token + {s['decode_seq_s'] * 1e6:.2f} us/decode seq + {s['context_token_s'] * 1e9:.2f} "
+                   f"ns/context token; R2 {prof['measure']['r2']:.4f}; KV {prof['kv']['num_kv_blocks']} blocks of "
+                   f"{prof['kv']['block_size']}; chunked prefill {'on' if chunked else 'off'}")
+        click.echo(f"wrote {out_path} (points in {obs_path})")
+        if not m.complete:
+            raise MeasureError(f"sweep incomplete ({m.error}); {out_path} is marked complete = false")
 
 
 @profile.command("calibrate")
@@ -343,12 +359,13 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
         from rich.console import Console
         from rich.table import Table
         t = Table(title=f"fidelity: {prof.name}, {len(reqs)} requests, {repeats} live repeats, rank tau {tau:+.2f}")
-        for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %",
+        for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %", "live-live MAPE %",
                     "live TTFT s", "sim TTFT s", "TTFT err %", "TBT err %", "live/sim p99 E2E s"):
             t.add_column(col, justify="left" if col == "router" else "right")
         for r in rows:
             t.add_row(r.router, f"{r.live['mean_e2e_s']:.3f}", f"{r.sim['mean_e2e_s']:.3f}",
                       f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{r.e2e_mape_pct:.1f}",
+                      "-" if r.live_repeat_mape_pct is None else f"{r.live_repeat_mape_pct:.1f}",
                       f"{r.live['mean_ttft_s']:.3f}", f"{r.sim['mean_ttft_s']:.3f}", f"{r.ttft_mean_error_pct:+.1f}",
                       f"{r.tbt_mean_error_pct:+.1f}", f"{r.live['p99_e2e_s']:.2f} / {r.sim['p99_e2e_s']:.2f}")
             if r.live_prefix_hit_rate is not None or r.sim_prefix_hit_rate is not None:

@@ -257,13 +257,13 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            log_dir: str | Path = "logs", port_base: int = 8100, health_timeout_s: float = 600.0,
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
            scheduling_policy: str | None = None,
-           extra_env: dict[str, str] | None = None, cpu_executor: str = "auto") -> Iterator[list[str]]:
+           extra_env: dict[str, str] | None = None, cpu_executor: str | None = None) -> Iterator[list[str]]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
     ``cpu_executor`` (CPU instances only): ``mp`` runs the model in a separate worker process, as vLLM's CPU
     build does by default; ``uni`` runs it in the engine-core process; ``auto`` takes ``uni`` when every
-    instance has one core (see :func:`cpu_executor_for`).
+    instance has one core (see :func:`cpu_executor_for`). None: ``$LBBENCH_CPU_EXECUTOR``, else ``auto``.
     ``command`` replaces the server command prefix (tests use a stand-in server);
     ``stop_grace_s`` is how long servers get between SIGTERM and SIGKILL.
     """
@@ -281,7 +281,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     prefix = list(command) if command is not None else base_command(vllm_python)
     model_path, served_name = resolve_model(model, vllm_python)
     cores = split_cores(sorted(os.sched_getaffinity(0)), instances) if cpu else []
-    executor = cpu_executor_for(cores, cpu_executor) if cpu else None
+    choice = cpu_executor or os.environ.get("LBBENCH_CPU_EXECUTOR") or "auto"
+    executor = cpu_executor_for(cores, choice) if cpu else None
     if executor == "uni" and not any(a.startswith("--distributed-executor-backend") for a in extra_args):
         extra_args = [*extra_args, "--distributed-executor-backend", "uni"]
     for i in range(instances):
@@ -337,13 +338,18 @@ def cpu_executor_for(cores: Sequence[str], choice: str = "auto") -> str:
     ``auto`` takes ``uni`` when every instance has a single core. vLLM's CPU build otherwise runs the model in a
     ``VLLM::Worker`` process that busy-polls its shared-memory queue for a second after every step; with one core
     per instance that polling competes with the engine core, the API server and the client for a core that has
-    no cycles to spare. With the worker inside the engine core (``--distributed-executor-backend uni`` and
-    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), the same streamed load (2 tiny-model instances, 8 concurrent streams
-    of 200 + 128 tokens) finished in 4.1 s instead of 6.6 s on a 2-core machine. With several cores per
-    instance, vLLM's CPU platform needs the mp executor to set its OpenMP environment, so ``auto`` keeps it.
+    no cycles to spare, and streamed tokens reach the client in bursts. With the worker inside the engine core
+    (``--distributed-executor-backend uni`` and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) the replays are steadier
+    but not faster. Measured on a 2-core machine, 2 tiny-model instances, a Poisson replay of 60 requests at
+    4 req/s, 4 replays each, launches interleaved: mean TTFT 49-71 ms (uni) against 65-228 ms (mp); mean E2E
+    0.63-0.88 s against 0.43-0.83 s (coefficient of variation 13 % against 28 %); mean TBT 9.4-13.0 ms against
+    5.7-10.9 ms, because the engine core's I/O threads then share the model's core. A benchmark harness needs
+    steady numbers first, so ``auto`` takes uni there; ``LBBENCH_CPU_EXECUTOR=mp`` restores vLLM's default.
+    With several cores per instance, vLLM's CPU platform needs the mp executor to set its OpenMP environment, so
+    ``auto`` keeps it.
     """
     if choice not in CPU_EXECUTORS:
-        raise LaunchError(f"--cpu-executor {choice}: must be one of {', '.join(CPU_EXECUTORS)}")
+        raise LaunchError(f"LBBENCH_CPU_EXECUTOR={choice}: must be one of {', '.join(CPU_EXECUTORS)}")
     if choice != "auto":
         return choice
     return "uni" if cores and all(c.isdigit() for c in cores) and len(set(cores)) == len(cores) else "mp"

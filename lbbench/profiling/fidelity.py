@@ -37,6 +37,9 @@ class RouterFidelity:
     #: prefix caching on: share of prompt tokens served from the cache (live: vLLM's prefix_cache counters)
     live_prefix_hit_rate: float | None = None
     sim_prefix_hit_rate: float | None = None
+    #: the per-request E2E MAPE of one live repeat against another (averaged over ordered pairs): the floor a
+    #: simulator's per-request error can reach on this host; None with one repeat
+    live_repeat_mape_pct: float | None = None
 
     def as_dict(self) -> dict:
         return {"router": self.router, "live_mean_e2e_s": self.live["mean_e2e_s"],
@@ -47,7 +50,8 @@ class RouterFidelity:
                 "p99_e2e_error_pct": _err(self.sim["p99_e2e_s"], self.live["p99_e2e_s"]),
                 "p50_ttft_error_pct": _err(self.sim["p50_ttft_s"], self.live["p50_ttft_s"]),
                 "live": self.live, "sim": self.sim, "live_mean_e2e_by_repeat_s": self.live_mean_e2e_by_repeat_s,
-                "live_prefix_hit_rate": self.live_prefix_hit_rate, "sim_prefix_hit_rate": self.sim_prefix_hit_rate}
+                "live_prefix_hit_rate": self.live_prefix_hit_rate, "sim_prefix_hit_rate": self.sim_prefix_hit_rate,
+                "live_repeat_mape_pct": self.live_repeat_mape_pct}
 
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "mean_tbt_s")
@@ -153,13 +157,16 @@ def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
         means = [r["mean_e2e_s"] for r in reps]
         spread = 100.0 * (max(means) - min(means)) / float(np.mean(means)) if len(means) > 1 else 0.0
         mape = float(np.mean([e2e_mape_pct(sim_runs[name], r) for r in live_runs[name]]))
+        runs = live_runs[name]
+        pairs = [e2e_mape_pct(a, b) for i, a in enumerate(runs) for j, b in enumerate(runs) if i != j]
         out.append(RouterFidelity(
             router=name, live=live, sim={k: sim[k] for k in STATS}, live_spread_pct=spread,
             mean_e2e_error_pct=_err(sim["mean_e2e_s"], live["mean_e2e_s"]), e2e_mape_pct=mape,
             ttft_mean_error_pct=_err(sim["mean_ttft_s"], live["mean_ttft_s"]),
             tbt_mean_error_pct=_err(sim["mean_tbt_s"], live["mean_tbt_s"]), live_mean_e2e_by_repeat_s=means,
             live_prefix_hit_rate=float(np.mean(live_hits[name])) if live_hits and live_hits.get(name) else None,
-            sim_prefix_hit_rate=sim_hit_rate(sim_runs[name])))
+            sim_prefix_hit_rate=sim_hit_rate(sim_runs[name]),
+            live_repeat_mape_pct=float(np.mean(pairs)) if pairs else None))
     tau = kendall_tau([r.live["mean_e2e_s"] for r in out], [r.sim["mean_e2e_s"] for r in out])
     return tau, out
 

@@ -198,5 +198,5 @@ def test_cpu_executor_choice():
     assert cpu_executor_for(["0-1", "2-3"]) == "mp"
     assert cpu_executor_for(["0", "1", "0"]) == "mp"  # instances share a core
     assert cpu_executor_for(["0", "1"], "mp") == "mp" and cpu_executor_for(["0-3"], "uni") == "uni"
-    with pytest.raises(LaunchError, match="--cpu-executor"):
+    with pytest.raises(LaunchError, match="LBBENCH_CPU_EXECUTOR=threads"):
         cpu_executor_for(["0"], "threads")

@@ -41,6 +41,9 @@ def test_errors_mape_and_spread_by_hand():
     assert e2e_mape_pct(sim["a"], live["a"][1]) == pytest.approx(0.0)
     # TTFT: sim mean 0.2, live 0.2
     assert row.ttft_mean_error_pct == pytest.approx(0.0)
+    # live against live: repeat 1 vs 2 is (|2-1|/1 + |2-3|/3) / 2 = 66.7 %, 2 vs 1 is (0.5 + 0.5) / 2 = 50 %
+    assert row.live_repeat_mape_pct == pytest.approx((200 / 3 + 50) / 2)
+    assert compare(["a"], sim, {"a": live["a"][:1]})[1][0].live_repeat_mape_pct is None
 
 
 def test_fidelity_cli_against_emulated_instances(tmp_path):

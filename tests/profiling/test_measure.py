@@ -115,3 +115,42 @@ def test_api_overhead_shifts_what_the_client_sees():
         assert b.first_token_s == pytest.approx(a.first_token_s + 0.004)
         assert b.finish_s == pytest.approx(a.finish_s + 0.004)
         assert b.tbt_mean_s == pytest.approx(a.tbt_mean_s)
+
+
+def test_measure_both_chunked_settings_launches_each_and_writes_two_profiles(tmp_path, monkeypatch):
+    """`--chunked-prefill both` starts the engine each way (here emulated instances stand in for the launched
+    vLLM servers) and writes one profile per setting; without chunked prefill the server's max_model_len is the
+    token budget, as vLLM requires."""
+    import contextlib
+
+    import lbbench.harness.launcher as launcher
+    from lbbench.profiling import measure
+
+    calls = []
+    prof = load_profile("llama3.1-8b-a100")
+
+    @contextlib.contextmanager
+    def fake_launch(model, instances, **kw):
+        calls.append(kw)
+        with EmulatorFleet(FleetConfig(prof.with_overrides(chunked_prefill=kw["chunked_prefill"]), 1)) as fleet:
+            yield fleet.endpoints
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    small = measure.Sweep(prefill_tokens=(16, 256, 1024), decode_batches=(1, 8), decode_contexts=(16, 512),
+                          decode_tokens=12, repeats=1)
+    monkeypatch.setattr(measure, "Sweep", lambda repeats: small)
+    res = CliRunner().invoke(main, ["profile", "measure", "--launch", "m", "--chunked-prefill", "both",
+                                    "--max-num-batched-tokens", "2048", "--out", str(tmp_path / "p.toml")])
+    assert res.exit_code == 0, res.output
+    assert [c["chunked_prefill"] for c in calls] == [True, False]
+    assert "--max-model-len" not in calls[0]["extra_args"]
+    assert calls[1]["extra_args"][-2:] == ["--max-model-len", "2048"]
+    on, off = load_profile(tmp_path / "p-chunked.toml"), load_profile(tmp_path / "p-no-chunked.toml")
+    assert on.chunked_prefill and not off.chunked_prefill
+    assert (tmp_path / "p-no-chunked.observations.json").is_file()
+
+
+def test_measure_both_needs_launch(tmp_path):
+    res = CliRunner().invoke(main, ["profile", "measure", "--endpoint", "http://127.0.0.1:9", "--chunked-prefill",
+                                    "both", "--out", str(tmp_path / "p.toml")])
+    assert res.exit_code == 2 and "both needs --launch" in res.output
