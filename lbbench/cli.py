@@ -222,6 +222,9 @@ def _trace_options_decorator(f: Any) -> Any:
               help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
 @click.option("--model", default=None, help="Model name to request from endpoints (default: the first served).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="Live runs: the endpoints' engine, for its request fields (exact lengths, token counts) and the "
+                   "metric names the timeline and the routers read (lbbench/engines.py).")
 @click.option("--prompt-mode", type=click.Choice(["auto", "ids", "text"]), default="auto", show_default=True,
               help="Live runs: send prompts as token ids (exact; vLLM) or as text built to the exact length "
                    "(gateways that take only text); auto: ids unless the endpoint refuses them.")
@@ -290,6 +293,9 @@ def run_cmd(**kw: Any) -> None:
     live = bool(endpoints or kw["launch_model"])
     if endpoints and kw["launch_model"]:
         raise ConfigError("--launch and --endpoint are exclusive: launch new servers or attach to running ones")
+    if kw.get("engine", "vllm") != "vllm" and not endpoints:
+        raise ConfigError(f"--engine {kw['engine']}: only with --endpoint (--launch starts vLLM; the simulator has "
+                          "no engine dialect)")
     if live and len(rates) > 1:
         raise ConfigError("--rate: a load sweep (several rates) runs in the simulator only")
     slo = _slo(kw["slo"])

@@ -51,6 +51,7 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
                                  request_timeout_s=kw.get("request_timeout", 600.0),
                                  api=kw.get("api", "completions"), min_step_s=profile.min_step_s,
                                  priority_of=priority_of, prompt_texts=prompt_texts,
+                                 engine=kw.get("engine", "vllm"),
                                  progress=lambda done, total, _t=task: progress.update(_t, completed=done))
             except EndpointError as exc:
                 # an instance died between replays: keep what was measured, mark the run incomplete

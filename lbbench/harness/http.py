@@ -8,12 +8,14 @@ the request left the client, the arrival time of every generated token, the
 finish time, the server's usage counts, the HTTP status and any error.
 
 Exact lengths: a request without text is sent as a deterministic list of token
-ids (``prompt_token_ids``) with ``max_tokens = min_tokens = output_tokens`` and
-``ignore_eos`` (vLLM's extensions), so the server reads exactly
-``prompt_tokens`` and writes exactly ``output_tokens``. A request with
-``prompt`` text is sent as text. ``return_token_ids`` is asked for so that a
-streamed chunk carrying several tokens is counted exactly; servers that ignore
-it are counted one token per non-empty chunk.
+ids (``prompt_token_ids``) with the engine's exact-length fields (vLLM's and
+SGLang's: ``max_tokens = min_tokens = output_tokens`` and ``ignore_eos``), so
+the server reads exactly ``prompt_tokens`` and writes exactly
+``output_tokens``. A request with ``prompt`` text is sent as text. The engine's
+token-count fields (vLLM: ``return_token_ids``) are asked for so that a
+streamed chunk carrying several tokens is counted exactly; servers without
+them are counted one token per non-empty chunk. The field names live in
+:mod:`lbbench.engines`.
 
 Errors and timeouts never raise: they are returned on the result, and
 ``connection_error`` says whether the instance itself looks unreachable (refused
@@ -33,6 +35,7 @@ import aiohttp
 import numpy as np
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from ..engines import VLLM, Engine
 
 #: Token ids of synthetic prompts are drawn from [low, high): small ids exist in
 #: every vocabulary, including the tiny model's 2048.
@@ -89,20 +92,18 @@ def synthetic_text(request: Request) -> str:
 
 def request_body(request: Request, model: str, api: str = "completions",
                  token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE, priority: int | None = None,
-                 text: str | None = None) -> dict:
-    """The JSON body for one request (streaming, exact output length); ``priority`` for
+                 text: str | None = None, engine: Engine = VLLM) -> dict:
+    """The JSON body for one request (streaming, exact output length in ``engine``'s fields); ``priority`` for
     servers run with vLLM's ``--scheduling-policy priority`` (smaller is served first);
     ``text`` replaces the token-id prompt (endpoints that take only text)."""
     n = int(request.output_tokens)
     body: dict = {
         "model": model,
-        "max_tokens": n,
-        "min_tokens": n,
-        "ignore_eos": True,
+        **engine.length_fields(n),
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "return_token_ids": True,
+        **engine.token_count_fields,
     }
     if api == "chat":
         body["messages"] = [{"role": "user", "content": request.prompt or text or synthetic_text(request)}]
@@ -114,7 +115,9 @@ def request_body(request: Request, model: str, api: str = "completions",
     else:
         raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
     if priority is not None:
-        body["priority"] = int(priority)
+        if engine.priority_field is None:
+            raise ValueError(f"engine {engine.name} has no per-request priority")
+        body[engine.priority_field] = int(priority)
     return body
 
 
@@ -193,7 +196,7 @@ class HttpBackend:
                  request_timeout_s: float = 600.0,
                  token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
                  priority_of: Callable[[Request], int] | None = None,
-                 prompt_texts: dict[int, str] | None = None):
+                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM):
         if api not in ("completions", "chat"):
             raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
         self.model = model
@@ -203,6 +206,7 @@ class HttpBackend:
         self.token_id_range = token_id_range
         self.priority_of = priority_of  # None: no priority field (vLLM rejects one under fcfs)
         self.prompt_texts = prompt_texts or {}  # text prompts by request id (text-only endpoints)
+        self.engine = engine
         self._path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         self.session: aiohttp.ClientSession | None = None
 
@@ -224,7 +228,7 @@ class HttpBackend:
         assert self.session is not None, "use HttpBackend as an async context manager"
         prio = self.priority_of(request) if self.priority_of is not None else None
         payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio,
-                                          self.prompt_texts.get(request.request_id))).encode()
+                                          self.prompt_texts.get(request.request_id), self.engine)).encode()
         url = base_url + self._path
         res = StreamResult(actual_send_s=self.clock())
         try:

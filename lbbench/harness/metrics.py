@@ -1,7 +1,8 @@
-"""Scraping vLLM's Prometheus ``/metrics`` into ``MetricsSample`` events.
+"""Scraping an engine's Prometheus ``/metrics`` into ``MetricsSample`` events.
 
 Only the four gauges/counters a router or a report needs are read: running and
-waiting requests, KV-cache usage (0..1) and the cumulative preemption count.
+waiting requests, KV-cache usage (0..1) and the cumulative preemption count,
+under the names the engine uses (:mod:`lbbench.engines`; vLLM by default).
 Label sets (one per served model) are summed; KV usage takes the maximum. The
 parser looks only at lines that start with those names, so a scrape of a real
 server's few hundred lines costs well under a millisecond.
@@ -11,11 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-PREEMPTIONS = "vllm:num_preemptions_total"
-_PREFIXES = (RUNNING, WAITING, PREEMPTIONS) + KV_USAGE
+from ..engines import VLLM, Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +29,14 @@ def _value(line: str) -> float:
     return float(rest.split()[0])
 
 
-def parse_metrics(text: str) -> ScrapedMetrics | None:
-    """Read the vLLM gauges from a Prometheus text page; None when none is there."""
+def parse_metrics(text: str, engine: Engine = VLLM) -> ScrapedMetrics | None:
+    """Read ``engine``'s gauges from a Prometheus text page; None when none is there."""
     running = waiting = preemptions = 0.0
     kv = 0.0
     seen = False
+    prefixes = engine.metric_prefixes
     for line in text.splitlines():
-        if not line.startswith(_PREFIXES):
+        if not line.startswith(prefixes):
             continue
         name = line.split("{", 1)[0].split(None, 1)[0]
         try:
@@ -46,13 +44,13 @@ def parse_metrics(text: str) -> ScrapedMetrics | None:
         except (ValueError, IndexError):
             continue
         seen = True
-        if name == RUNNING:
+        if name in engine.running:
             running += v
-        elif name == WAITING:
+        elif name in engine.waiting:
             waiting += v
-        elif name == PREEMPTIONS:
+        elif name in engine.preemptions:
             preemptions += v
-        elif name in KV_USAGE:
+        elif name in engine.kv_usage:
             kv = max(kv, v)
     if not seen:
         return None

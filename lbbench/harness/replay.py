@@ -50,6 +50,7 @@ import polars as pl
 from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, InstanceSpec,
                     MetricsSample, Request, RequestRecord, TokensGenerated, chain_sessions)
 from ..dispatch import Dispatcher, Router
+from ..engines import VLLM, Engine, get_engine
 from .http import HttpBackend, StreamResult
 from .metrics import parse_metrics
 
@@ -142,7 +143,8 @@ class _Replay:
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
-                 prompt_texts: dict[int, str] | None = None):
+                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM):
+        self.engine = engine
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         # closed-loop sessions: a later turn is sent once the turn before it finished, plus its think time
         self._stream, self._next_turn = chain_sessions(self.requests)
@@ -192,7 +194,7 @@ class _Replay:
         self.partial = partial
         wall0 = time.perf_counter()
         try:
-            async with HttpBackend(model=self.model, clock=self.now, api=self.api,
+            async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
                                    request_timeout_s=self.request_timeout_s,
                                    priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
                 self.backend = backend
@@ -428,7 +430,7 @@ class _Replay:
             await asyncio.sleep(self.scrape_interval_s)
             texts = await asyncio.gather(*(self._fetch_metrics(i) for i in range(n)))
             for i, text in enumerate(texts):
-                m = parse_metrics(text) if text else None
+                m = parse_metrics(text, self.engine) if text else None
                 if m is None:
                     continue
                 t = self.now()
@@ -464,7 +466,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                health_interval_s: float = 0.5, stall_timeout_s: float = 30.0,
                warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
                priority_of: Callable[[Request], int] | None = None,
-               prompt_texts: dict[int, str] | None = None) -> ReplayResult:
+               prompt_texts: dict[int, str] | None = None,
+               engine: Engine | str | None = None) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -474,7 +477,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     precision (0 turns it off). ``priority_of`` gives each request the ``priority``
     field it is sent with (servers under vLLM's priority scheduling policy). ``prompt_texts``
     (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
-    endpoints that take only text.
+    endpoints that take only text. ``engine`` (:mod:`lbbench.engines`, default vLLM) names the request fields and
+    the metrics of the endpoints' engine.
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -499,7 +503,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      api=api, min_step_s=min_step_s, progress=progress,
                      health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
-                     priority_of=priority_of, prompt_texts=prompt_texts)
+                     priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine))
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from ..core import Request, RequestRecord
+from ..engines import VLLM, Engine
 from ..profiles import Profile
 
 
@@ -89,12 +90,12 @@ def sim_hit_rate(records: Sequence[RequestRecord]) -> float | None:
     return sum(r.cached_prompt_tokens for r in done) / total if done and total else None
 
 
-_PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
-
-
-def prefix_counters(endpoints: Sequence[str]) -> tuple[float, float] | None:
-    """(queried, hit) prompt tokens summed over ``endpoints`` from vLLM's counters; None if any lacks them."""
+def prefix_counters(endpoints: Sequence[str], engine: Engine = VLLM) -> tuple[float, float] | None:
+    """(queried, hit) prompt tokens summed over ``endpoints`` from the engine's counters; None if any lacks them."""
     import urllib.request
+    if engine.prefix_queries is None or engine.prefix_hits is None:
+        return None
+    names = (engine.prefix_queries, engine.prefix_hits)
     sums = [0.0, 0.0]
     for url in endpoints:
         try:
@@ -104,7 +105,7 @@ def prefix_counters(endpoints: Sequence[str]) -> tuple[float, float] | None:
             return None
         found = [False, False]
         for line in text.splitlines():
-            for k, name in enumerate(_PREFIX_COUNTERS):
+            for k, name in enumerate(names):
                 if line.startswith(name + "{") or line.startswith(name + " "):
                     sums[k] += float(line.rsplit(" ", 1)[1])
                     found[k] = True

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..core import Request
+from ..engines import VLLM
 
 
 class MeasureError(RuntimeError):
@@ -90,7 +91,7 @@ def engine_info(url: str) -> EngineInfo:
         metrics = _get(url + "/metrics")
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
         raise MeasureError(f"{url}: not a vLLM server (/version, /v1/models or /metrics failed: {exc})") from None
-    line = next((x for x in metrics.splitlines() if x.startswith("vllm:cache_config_info{")), None)
+    line = next((x for x in metrics.splitlines() if x.startswith(VLLM.cache_config_info + "{")), None)
     if not version or line is None or not models:
         raise MeasureError(f"{url}: not a vLLM server (no version, models or vllm:cache_config_info metric)")
     labels = dict(_LABEL.findall(line))

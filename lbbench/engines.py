@@ -1,0 +1,91 @@
+"""What lbbench needs to know about a serving engine's OpenAI-compatible dialect, in one place.
+
+Live runs, the proxy, fidelity and profile measurement talk to engines over the same OpenAI API, but each engine
+spells its extensions and its Prometheus metrics its own way: the request fields that pin an output length and
+report token ids, the gauges a router reads (running and waiting requests, KV-cache usage), the preemption counter,
+the prefix-cache counters. An :class:`Engine` holds those names; ``vllm`` (the default) and ``sglang`` ship, and
+another engine is one more instance here.
+
+SGLang's names follow its ``metrics/collector.py`` and documentation: ``sglang:num_running_reqs``,
+``sglang:num_queue_reqs``, ``sglang:token_usage`` (the share of KV tokens in use), ``sglang:cached_tokens_total``
+over ``sglang:prompt_tokens_total`` for the prefix-cache hit rate. It exports retractions (its preemptions) as a
+per-batch gauge, not a cumulative counter, so no preemption count is read from it. Its completions API takes
+``min_tokens`` and ``ignore_eos`` as vLLM's does and has no ``return_token_ids`` (tokens are then counted one per
+non-empty streamed chunk, or from the usage counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class UnknownEngineError(ValueError):
+    """``--engine NAME`` names no known engine."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    #: gauges summed over label sets (one per served model / data-parallel rank)
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    #: KV-cache usage in 0..1 (the largest over label sets)
+    kv_usage: tuple[str, ...]
+    #: cumulative preemption counters (empty: the engine has none)
+    preemptions: tuple[str, ...] = ()
+    #: prefix-cache counters (prompt tokens looked up, and found); None: not exported
+    prefix_queries: str | None = None
+    prefix_hits: str | None = None
+    #: the gauge whose labels carry the KV cache's block count and size (``profile measure``)
+    cache_config_info: str | None = None
+    #: request fields for an exact output length of N tokens (N substituted for the value ``"N"``)
+    exact_length: dict = field(default_factory=lambda: {"max_tokens": "N", "min_tokens": "N", "ignore_eos": True})
+    #: request fields that make a streamed chunk say how many tokens it carries
+    token_count_fields: dict = field(default_factory=dict)
+    #: the per-request priority field of a priority-scheduling server (None: the engine has none)
+    priority_field: str | None = "priority"
+
+    def length_fields(self, n: int) -> dict:
+        return {k: (n if v == "N" else v) for k, v in self.exact_length.items()}
+
+    @property
+    def metric_prefixes(self) -> tuple[str, ...]:
+        """Every metric name a scrape reads (a parser looks only at lines starting with one)."""
+        return self.running + self.waiting + self.kv_usage + self.preemptions
+
+
+VLLM = Engine(
+    name="vllm",
+    running=("vllm:num_requests_running",),
+    waiting=("vllm:num_requests_waiting",),
+    # vLLM V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc; either is read
+    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    preemptions=("vllm:num_preemptions_total",),
+    prefix_queries="vllm:prefix_cache_queries_total",
+    prefix_hits="vllm:prefix_cache_hits_total",
+    cache_config_info="vllm:cache_config_info",
+    token_count_fields={"return_token_ids": True},
+)
+
+SGLANG = Engine(
+    name="sglang",
+    running=("sglang:num_running_reqs",),
+    waiting=("sglang:num_queue_reqs",),
+    kv_usage=("sglang:token_usage",),
+    prefix_queries="sglang:prompt_tokens_total",
+    prefix_hits="sglang:cached_tokens_total",
+)
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG)}
+
+
+def get_engine(name: str | Engine | None) -> Engine:
+    """The engine called ``name`` (None: vLLM)."""
+    if name is None:
+        return VLLM
+    if isinstance(name, Engine):
+        return name
+    try:
+        return ENGINES[name.lower()]
+    except KeyError:
+        raise UnknownEngineError(f"--engine {name}: unknown engine (known: {', '.join(ENGINES)})") from None
