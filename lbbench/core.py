@@ -536,5 +536,39 @@ class RequestRecord:
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+    @classmethod
+    def for_request(cls, req: "Request", *, run_id: str, router: str, seed: int, instance: int,
+                    dispatch_s: float, first_token_s: float | None, finish_s: float | None,
+                    generated_tokens: int, token_times: Any = None, **measured: Any) -> "RequestRecord":
+        """The record of ``req`` as the simulator and live runs both build it: the request's own fields copied,
+        the time-between-tokens statistics computed from ``token_times`` (:func:`tbt_stats`), and the rest of
+        what was measured (``measured``: preemptions, send times, server counts, status, error...)."""
+        mean, p99, mx = tbt_stats(token_times) if token_times is not None else (None, None, None)
+        return cls(run_id=run_id, router=router, seed=seed, request_id=req.request_id, task=req.task,
+                   instance=instance, arrival_s=req.arrival_s, dispatch_s=dispatch_s, first_token_s=first_token_s,
+                   finish_s=finish_s, prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
+                   generated_tokens=generated_tokens, predicted_output_tokens=req.predicted_output_tokens,
+                   predicted_bucket=req.predicted_bucket, tbt_mean_s=mean, tbt_p99_s=p99, tbt_max_s=mx,
+                   session_id=req.session_id, turn=req.turn,
+                   think_s=req.think_s if req.session_id is not None else None, **measured)
+
+
+def tbt_stats(times: Any) -> tuple[float | None, float | None, float | None]:
+    """Mean, p99 (linear interpolation, as numpy's default percentile) and max time between consecutive tokens
+    of one request, from the arrival time of every token (a list or a numpy array); None with fewer than two
+    tokens. The one definition for simulated and live records: the mean is (last - first) / gaps."""
+    n = len(times) - 1
+    if n < 1:
+        return None, None, None
+    if hasattr(times, "dtype"):  # numpy: the simulator's token times
+        import numpy as np
+        gaps = np.sort(np.diff(times)).tolist()
+    else:
+        gaps = sorted([b - a for a, b in zip(times, times[1:])])
+    pos = 0.99 * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return float((times[-1] - times[0]) / n), float(gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo)), float(gaps[-1])
+
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))

@@ -34,7 +34,7 @@ from typing import Callable
 import aiohttp
 import numpy as np
 
-from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request, tbt_stats
 from ..engines import VLLM, Engine
 
 #: Token ids of synthetic prompts are drawn from [low, high): small ids exist in
@@ -143,19 +143,8 @@ class StreamResult:
         return self.token_times_s[0] if self.token_times_s else None
 
     def tbt_stats_s(self) -> tuple[float | None, float | None, float | None]:
-        """Mean, p99 (linear interpolation, as numpy's default) and max time
-        between tokens; None with fewer than 2 tokens. Plain Python: short
-        lists are the common case and this runs once per request."""
-        t = self.token_times_s
-        n = len(t) - 1
-        if n < 1:
-            return None, None, None
-        gaps = sorted([b - a for a, b in zip(t, t[1:])])
-        pos = 0.99 * (n - 1)
-        lo = int(pos)
-        hi = min(lo + 1, n - 1)
-        p99 = gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo)
-        return (t[-1] - t[0]) / n, p99, gaps[-1]
+        """Mean, p99 and max time between tokens (:func:`lbbench.core.tbt_stats`)."""
+        return tbt_stats(self.token_times_s)
 
 
 #: Called as ``on_tokens(generated_so_far, time_s)`` whenever tokens arrive.

@@ -340,25 +340,14 @@ class _Replay:
 
     def _record(self, req: Request, inst: int, dispatch_s: float, planned_s: float | None,
                 res: StreamResult | None, error: str | None = None) -> None:
-        tbt = res.tbt_stats_s() if res is not None else (None, None, None)
-        rec = RequestRecord(
-            run_id=self.run_id, router=self.router.name, seed=self.seed, request_id=req.request_id,
-            task=req.task, instance=inst, arrival_s=req.arrival_s, dispatch_s=dispatch_s,
-            first_token_s=res.first_token_s if res else None,
-            finish_s=res.finish_s if res else None,
-            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-            generated_tokens=res.generated_tokens if res else 0,
-            predicted_output_tokens=req.predicted_output_tokens,
-            predicted_bucket=req.predicted_bucket,
-            tbt_mean_s=tbt[0], tbt_p99_s=tbt[1], tbt_max_s=tbt[2],
+        rec = RequestRecord.for_request(
+            req, run_id=self.run_id, router=self.router.name, seed=self.seed, instance=inst, dispatch_s=dispatch_s,
+            first_token_s=res.first_token_s if res else None, finish_s=res.finish_s if res else None,
+            generated_tokens=res.generated_tokens if res else 0, token_times=res.token_times_s if res else None,
             planned_send_s=planned_s, actual_send_s=res.actual_send_s if res else None,
             server_prompt_tokens=res.server_prompt_tokens if res else None,
             server_output_tokens=res.server_output_tokens if res else None,
-            http_status=res.http_status if res else None,
-            error=res.error if res else error,
-            session_id=req.session_id, turn=req.turn,
-            think_s=req.think_s if req.session_id is not None else None,
-        )
+            http_status=res.http_status if res else None, error=res.error if res else error)
         self.records.append(rec)
         nxt = self._next_turn.pop(req.request_id, None)
         if nxt is not None:

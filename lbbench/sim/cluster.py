@@ -25,7 +25,6 @@ import heapq
 from dataclasses import replace
 from typing import Callable, Sequence
 
-import numpy as np
 
 from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished,
                     MetricsSample, Request, RequestRecord, chain_sessions)
@@ -102,31 +101,16 @@ class ClusterSim:
 
     def _record(self, inst: SimInstance, r: SimRequest, error: str | None) -> None:
         req = r.request
-        tbt_mean = tbt_p99 = tbt_max = None
-        if error is None and r.output_tokens > 1:
-            gaps = np.diff(inst.token_times(r))
-            gaps.sort()
-            n = len(gaps)
-            tbt_mean = float(gaps.sum() / n)
-            tbt_max = float(gaps[-1])
-            pos = 0.99 * (n - 1)  # linear interpolation, as numpy's default percentile
-            lo = int(pos)
-            hi = min(lo + 1, n - 1)
-            tbt_p99 = float(gaps[lo] + (gaps[hi] - gaps[lo]) * (pos - lo))
         gen = r.generated if error is None else 0
         # the client sees the engine's times later by the front end's latency (0 unless measured)
         lag = self.profile.api_overhead_s
-        first = r.first_token_s + lag if r.first_token_s is not None else None
-        self.records.append(RequestRecord(
-            run_id=self.run_id, router=self.router_name, seed=self.seed,
-            request_id=req.request_id, task=req.task, instance=inst.index,
-            arrival_s=req.arrival_s, dispatch_s=self._dispatch_s[req.request_id],
-            first_token_s=first, finish_s=r.finish_s + lag if error is None else None,
-            prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens, generated_tokens=gen,
-            predicted_output_tokens=req.predicted_output_tokens, predicted_bucket=req.predicted_bucket,
-            num_preemptions=r.num_preemptions, tbt_mean_s=tbt_mean, tbt_p99_s=tbt_p99,
-            tbt_max_s=tbt_max, error=error, session_id=req.session_id, turn=req.turn,
-            think_s=req.think_s if req.session_id is not None else None,
+        times = inst.token_times(r) if error is None and r.output_tokens > 1 else None
+        self.records.append(RequestRecord.for_request(
+            req, run_id=self.run_id, router=self.router_name, seed=self.seed, instance=inst.index,
+            dispatch_s=self._dispatch_s[req.request_id],
+            first_token_s=r.first_token_s + lag if r.first_token_s is not None else None,
+            finish_s=r.finish_s + lag if error is None else None, generated_tokens=gen, token_times=times,
+            num_preemptions=r.num_preemptions, error=error,
             cached_prompt_tokens=r.cached_tokens if error is None else None))
         self.num_completed += 1
         if error is None:
