@@ -3,15 +3,8 @@
 Live runs, the proxy, fidelity and profile measurement talk to engines over the same OpenAI API, but each engine
 spells its extensions and its Prometheus metrics its own way: the request fields that pin an output length and
 report token ids, the gauges a router reads (running and waiting requests, KV-cache usage), the preemption counter,
-the prefix-cache counters. An :class:`Engine` holds those names; ``vllm`` (the default) and ``sglang`` ship, and
-another engine is one more instance here.
-
-SGLang's names follow its ``metrics/collector.py`` and documentation: ``sglang:num_running_reqs``,
-``sglang:num_queue_reqs``, ``sglang:token_usage`` (the share of KV tokens in use), ``sglang:cached_tokens_total``
-over ``sglang:prompt_tokens_total`` for the prefix-cache hit rate. It exports retractions (its preemptions) as a
-per-batch gauge, not a cumulative counter, so no preemption count is read from it. Its completions API takes
-``min_tokens`` and ``ignore_eos`` as vLLM's does and has no ``return_token_ids`` (tokens are then counted one per
-non-empty streamed chunk, or from the usage counts).
+the prefix-cache counters. An :class:`Engine` holds those names; each engine is a module here (``vllm``, the
+default, and ``sglang``), and another engine is one more module registered in ``ENGINES``.
 """
 
 from __future__ import annotations
@@ -54,27 +47,8 @@ class Engine:
         return self.running + self.waiting + self.kv_usage + self.preemptions
 
 
-VLLM = Engine(
-    name="vllm",
-    running=("vllm:num_requests_running",),
-    waiting=("vllm:num_requests_waiting",),
-    # vLLM V1 renamed gpu_cache_usage_perc to kv_cache_usage_perc; either is read
-    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    preemptions=("vllm:num_preemptions_total",),
-    prefix_queries="vllm:prefix_cache_queries_total",
-    prefix_hits="vllm:prefix_cache_hits_total",
-    cache_config_info="vllm:cache_config_info",
-    token_count_fields={"return_token_ids": True},
-)
-
-SGLANG = Engine(
-    name="sglang",
-    running=("sglang:num_running_reqs",),
-    waiting=("sglang:num_queue_reqs",),
-    kv_usage=("sglang:token_usage",),
-    prefix_queries="sglang:prompt_tokens_total",
-    prefix_hits="sglang:cached_tokens_total",
-)
+from .sglang import SGLANG  # noqa: E402 - the engines need Engine defined first
+from .vllm import VLLM  # noqa: E402
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG)}
 
