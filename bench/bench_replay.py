@@ -95,7 +95,7 @@ def _relative_lag_ms(send_s: list[float], rate: float) -> tuple[float, float]:
 
 def start_server(port: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from lbbench.cli_live import serve_sim_cmd; serve_sim_cmd()",
+        [sys.executable, "-c", "from lbbench.cli.live import serve_sim_cmd; serve_sim_cmd()",
          "--instances", "1", "--profile", "zero", "--port", str(port), "--model-name", MODEL],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     url = proc.stdout.readline().strip()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lbbench.cli_report import compare, parse_slo, report
+from lbbench.cli.report import compare, parse_slo, report
 from lbbench.reports.synthetic import synthetic_requests, write_run
 
 DATA = Path(__file__).resolve().parent / "reports" / "data"

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from lbbench.cli_trace import load_trace_from_options, split_trace_options, trace, trace_transform_options
+from lbbench.cli.trace import load_trace_from_options, split_trace_options, trace, trace_transform_options
 
 BURSTGPT = ("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
             "5,ChatGPT,472,18,490,Conversation log\n"

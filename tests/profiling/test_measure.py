@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from lbbench.cli import main
-from lbbench.cli_profile import write_profile_toml
+from lbbench.cli.profile import write_profile_toml
 from lbbench.harness.emulator import EmulatorFleet, FleetConfig
 from lbbench.profiles import load_profile
 from lbbench.profiling.measure import (EngineInfo, Measurement, MeasureError, Observation, fit_profile,

@@ -7,7 +7,7 @@ import json
 import polars as pl
 from click.testing import CliRunner
 
-from lbbench.cli_train import train
+from lbbench.cli.train import train
 from lbbench.routers.rl.policy import QPolicy
 
 

@@ -33,11 +33,11 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web
 
-    from .cli import _parse_value, _read_endpoints_file
-    from .harness.replay import normalize_endpoint
-    from .profiles import load_profile
-    from .proxy.gateway import Gateway, ProxyConfig
-    from .routers import get_router
+    from .main import _parse_value, _read_endpoints_file
+    from ..harness.replay import normalize_endpoint
+    from ..profiles import load_profile
+    from ..proxy.gateway import Gateway, ProxyConfig
+    from ..routers import get_router
 
     urls = [normalize_endpoint(u) for u in endpoints]
     if endpoints_file:
@@ -54,7 +54,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
     pred = None
     if predictor:
-        from .predict import load_predictor
+        from ..predict import load_predictor
         pred = load_predictor(predictor, profile=prof, seed=seed)
     cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
@@ -77,7 +77,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         await gw.drain(drain_timeout_s)
         await runner.cleanup()
 
-    from .harness.replay import new_event_loop
+    from ..harness.replay import new_event_loop
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner_:
             runner_.run(main())

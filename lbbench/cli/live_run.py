@@ -17,23 +17,23 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .experiment import (RunConfig, Variant, build_requests, records_frame, group_keys, run_columns, slo_of,
+from ..experiment import (RunConfig, Variant, build_requests, records_frame, group_keys, run_columns, slo_of,
                          write_outputs, write_run_toml)
-from .profiles import Profile
+from ..profiles import Profile
 
 
 def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Variant, kw: dict[str, Any],
              out_dir: Path, run_id: str, progress: Progress, frames: list[pl.DataFrame],
              timelines: list[pl.DataFrame]) -> bool:
-    from .harness.replay import EndpointError, run_replay
-    from .predict import annotate, load_predictor
-    from .routers import get_router
+    from ..harness.replay import EndpointError, run_replay
+    from ..predict import annotate, load_predictor
+    from ..routers import get_router
 
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
     specs = [_live_spec(profile, url) for url in endpoints]
     priority_of = None
     if variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
-        from .routers.priority import request_priority
+        from ..routers.priority import request_priority
         priority_of = lambda r: request_priority(r, profile)  # noqa: E731
     texts_for_seed = _prompt_texts(endpoints, kw, progress.console)
     for seed in cfg.seed_list():
@@ -59,7 +59,7 @@ def _replays(cfg: RunConfig, profile: Profile, endpoints: list[str], variant: Va
                 return False
             progress.remove_task(task)
             if prompt_texts:
-                from .harness.text_prompts import prompt_length_mismatches
+                from ..harness.text_prompts import prompt_length_mismatches
                 bad = prompt_length_mismatches(res.records)
                 if bad:
                     progress.console.print(f"[yellow]warning: {bad} of {len(res.records)} requests of {label} "
@@ -83,7 +83,7 @@ def _live_spec(profile: Profile, url: str):
     routers), with the KV capacity the engine itself reports (vLLM's cache_config_info) where it does."""
     from dataclasses import replace
 
-    from .profiling.measure import MeasureError, engine_info
+    from ..profiling.measure import MeasureError, engine_info
     spec = profile.instance_spec()
     try:
         info = engine_info(url)
@@ -94,8 +94,8 @@ def _live_spec(profile: Profile, url: str):
 
 def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
     """A function from a seed's requests to their text prompts ({} when token ids are sent)."""
-    from .harness.replay import served_models
-    from .harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
+    from ..harness.replay import served_models
+    from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
                                        texts_for)
 
     mode = kw.get("prompt_mode") or "auto"
@@ -130,7 +130,7 @@ def _prompt_texts(endpoints: list[str], kw: dict[str, Any], console: Console):
 
 def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: list[str], out_dir: Path,
              run_id: str, console: Console) -> tuple[pl.DataFrame, bool]:
-    from .harness.replay import check_endpoints
+    from ..harness.replay import check_endpoints
 
     frames: list[pl.DataFrame] = []
     timelines: list[pl.DataFrame] = []
@@ -148,7 +148,7 @@ def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: li
                         complete = False
                         break
             else:
-                from .harness.launcher import launch
+                from ..harness.launcher import launch
                 for chunked in cfg.chunked_prefill:
                     tag = "default" if chunked is None else ("on" if chunked else "off")
                     console.print(f"launching {cfg.instances} x {kw['launch_model']} (chunked prefill {tag}) ...")

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from .training.config import TrainConfig, field_help
+from ..training.config import TrainConfig, field_help
 
 _CHOICES = {"router": ["baseline_rl", "wa_rl", "wgrl"], "discount": ["time", "decision"],
             "guidance_schedule": ["fading", "literal"], "estimator": ["paper", "interference"]}
@@ -55,7 +55,7 @@ def _options(fn):
 
 
 def _trace_flags(fn):
-    from .cli_trace import trace_transform_options
+    from .trace import trace_transform_options
     return trace_transform_options(fn)
 
 
@@ -67,7 +67,7 @@ def _trace_flags(fn):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     """Train an RL router (baseline_rl, wa_rl, wgrl) with Double DQN on the simulator."""
-    from .cli_trace import split_trace_options
+    from .trace import split_trace_options
     read, transform = split_trace_options(kw)
     kw["chunked_prefill"] = {"on": True, "off": False, "profile": None}[kw["chunked_prefill"]]
     kw["trace"] = kw["trace"] or ""
@@ -76,11 +76,11 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     cfg = TrainConfig(**kw, trace_options=trace_options if kw["trace"] else {})
     _validate(cfg)
     try:
-        from .training.trainer import train as run_training
+        from ..training.trainer import train as run_training
     except ModuleNotFoundError as exc:
         raise click.UsageError(f"lbbench train needs {exc.name} (install the 'learn' extra: "
                                "pip install 'lbbench[learn]')") from None
-    from .profiles import ProfileError, load_profile
+    from ..profiles import ProfileError, load_profile
     try:
         profile = load_profile(cfg.profile)
     except ProfileError as exc:
@@ -100,7 +100,7 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
 
 
 def _validate(cfg: TrainConfig) -> None:
-    from .experiment import WORKLOADS
+    from ..experiment import WORKLOADS
     workload_ok = cfg.workload in WORKLOADS or cfg.workload.startswith("dataset:")
     checks = [(cfg.instances >= 1, "--instances", "must be >= 1"),
               (cfg.episodes >= 1, "--episodes", "must be >= 1"),

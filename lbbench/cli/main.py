@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .experiment import (ConfigError, RunConfig, default_out_dir, group_keys, iter_sim_runs, iter_sweep,
+from ..experiment import (ConfigError, RunConfig, default_out_dir, group_keys, iter_sim_runs, iter_sweep,
                          slo_of, to_json, variants, write_outputs, write_run_toml)
 
 err_console = Console(stderr=True)
@@ -29,9 +29,9 @@ err_console = Console(stderr=True)
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad user input (exit 2, one line)."""
-    from .dispatch import RouterError
-    from .profiles import ProfileError
-    from .routers.registry import UnknownRouterError
+    from ..dispatch import RouterError
+    from ..profiles import ProfileError
+    from ..routers.registry import UnknownRouterError
     errs: list[type[BaseException]] = [ConfigError, ProfileError, UnknownRouterError, RouterError]
     for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
                       ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
@@ -107,7 +107,7 @@ def _chunked(value: str) -> list[bool | None]:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def routers_cmd(fmt: str) -> None:
     """List the registered routers."""
-    from .routers import available_routers
+    from ..routers import available_routers
     items = available_routers()
     if fmt == "json":
         click.echo(json.dumps([{"name": k, "description": v} for k, v in items.items()], indent=2))
@@ -121,8 +121,8 @@ def routers_cmd(fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_cmd(fmt: str) -> None:
     """List the shipped profiles (model x hardware x engine setting)."""
-    from .profiles import available_profiles, load_profile
-    from .profiling.physics import implied_utilization
+    from ..profiles import available_profiles, load_profile
+    from ..profiling.physics import implied_utilization
     rows = []
     for name in available_profiles():
         p = load_profile(name)
@@ -158,7 +158,7 @@ def _read_endpoints_file(path: str) -> list[str]:
 
 def _trace_options_decorator(f: Any) -> Any:
     try:
-        from .cli_trace import trace_transform_options
+        from .trace import trace_transform_options
     except ImportError:  # pragma: no cover - trace readers are part of the package
         return f
     return trace_transform_options(f)
@@ -250,11 +250,11 @@ def run_cmd(**kw: Any) -> None:
       lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
       lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
     """
-    from .profiles import load_profile
+    from ..profiles import load_profile
 
     trace_opts: dict[str, Any] = {}
     try:
-        from .cli_trace import split_trace_options
+        from .trace import split_trace_options
         read, transform = split_trace_options(kw)
         trace_opts = {**read, **transform}
     except ImportError:  # pragma: no cover
@@ -264,14 +264,14 @@ def run_cmd(**kw: Any) -> None:
     if not routers:
         raise ConfigError("--router: give at least one router name")
     scheds = _split_csv(kw["instance_scheduler"])
-    from .sim.instance import INSTANCE_SCHEDULERS
+    from ..sim.instance import INSTANCE_SCHEDULERS
     for s in scheds:
         if s not in INSTANCE_SCHEDULERS:
             raise ConfigError(f"--instance-scheduler: unknown {s!r} (choose from {', '.join(INSTANCE_SCHEDULERS)})")
     workload = kw["workload"]
     orders: list[str | None] = [None]
     if workload == "paper-classes" and not kw["trace"]:
-        from .workloads import PAPER_CLASS_ORDERS
+        from ..workloads import PAPER_CLASS_ORDERS
         orders = list(PAPER_CLASS_ORDERS) if kw["order"] is None else _split_csv(kw["order"])
         for o in orders:
             if o not in PAPER_CLASS_ORDERS:
@@ -327,8 +327,8 @@ def run_cmd(**kw: Any) -> None:
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
     )
     # validate the predictor and routers before any long work starts
-    from .predict import load_predictor
-    from .routers import get_router
+    from ..predict import load_predictor
+    from ..routers import get_router
     load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
     for r in routers:
         try:
@@ -341,7 +341,7 @@ def run_cmd(**kw: Any) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     if live:
-        from .cli_live_run import run_live
+        from .live_run import run_live
         summary, complete = run_live(cfg, profile, kw, endpoints, out_dir, run_id, err_console)
     else:
         summary, complete = _run_sim(cfg, profile, out_dir, run_id)
@@ -393,7 +393,7 @@ def _rates(value: str | None) -> list[float]:
 def _slo(value: str | None) -> dict[str, float]:
     if value is None:
         return {}
-    from .cli_report import parse_slo
+    from .report import parse_slo
     try:
         slo = parse_slo(value)
     except click.BadParameter as exc:
@@ -516,10 +516,10 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 
 
 def _add_optional_commands() -> None:
-    for mod, names in (("lbbench.cli_trace", ("trace",)), ("lbbench.cli_predict", ("predictor",)),
-                       ("lbbench.cli_report", ("report", "compare")), ("lbbench.cli_live", ("launch", "serve_sim")),
-                       ("lbbench.cli_train", ("train",)), ("lbbench.cli_profile", ("profile", "fidelity")), ("lbbench.cli_proxy", ("proxy",)),
-                       ("lbbench.cli_paper", ("paper",))):
+    for mod, names in (("lbbench.cli.trace", ("trace",)), ("lbbench.cli.predict", ("predictor",)),
+                       ("lbbench.cli.report", ("report", "compare")), ("lbbench.cli.live", ("launch", "serve_sim")),
+                       ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile", "fidelity")), ("lbbench.cli.proxy", ("proxy",)),
+                       ("lbbench.cli.paper", ("paper",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

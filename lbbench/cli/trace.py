@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import click
 
-from .core import Request
-from .workloads.errors import WorkloadError
-from .workloads.trace_formats import FORMAT_NAMES, parse_mapping
-from .workloads.trace_stats import inspect_trace
-from .workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
-from .workloads.traces import load_trace_requests, read_trace, write_canonical
+from ..core import Request
+from ..workloads.errors import WorkloadError
+from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
+from ..workloads.trace_stats import inspect_trace
+from ..workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
+from ..workloads.traces import load_trace_requests, read_trace, write_canonical
 
 TRACE_READ_OPTIONS = ("trace_format", "mapping", "skip_bad_rows")
 TRACE_TRANSFORM_OPTIONS = ("time_scale", "window", "max_prompt_tokens", "prompt_overflow")

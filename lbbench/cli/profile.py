@@ -52,8 +52,8 @@ _load_options = _options(
 
 def _requests_for(prof, profile_name: str, *, workload: str, trace: str | None, max_prompt_tokens: int | None,
                   rate: float, requests: int, seed: int, prompt_tokens: str, output_tokens: str, predictor: str):
-    from .experiment import RunConfig, build_requests
-    from .predict import annotate, load_predictor
+    from ..experiment import RunConfig, build_requests
+    from ..predict import annotate, load_predictor
 
     cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
                     trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
@@ -66,7 +66,7 @@ def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int,
     """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
     import contextlib
 
-    from .harness.launcher import launch
+    from ..harness.launcher import launch
 
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
@@ -126,9 +126,9 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
                name: str | None, calibration: str | None, out: str, fmt: str) -> None:
     """Derive a profile from a model config and a GPU: parameter count, KV bytes per token, KV blocks as vLLM's
     memory profiler sizes them, and step-time coefficients from a roofline with stated efficiency factors."""
-    from .profiling.derive import Efficiency, EngineSettings, derive_profile
-    from .profiling.gpus import get_gpu
-    from .profiling.models import load_model_config
+    from ..profiling.derive import Efficiency, EngineSettings, derive_profile
+    from ..profiling.gpus import get_gpu
+    from ..profiling.models import load_model_config
 
     model = load_model_config(model_name)
     prof = derive_profile(
@@ -194,8 +194,8 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
     import contextlib
     import platform
 
-    from .harness.launcher import launch, visible_gpus
-    from .profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
+    from ..harness.launcher import launch, visible_gpus
+    from ..profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
 
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give exactly one of --endpoint URL or --launch MODEL")
@@ -266,10 +266,10 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     neither). Validate on other requests with `lbbench fidelity --seed 0`."""
     import tomllib
 
-    from .profiles import load_profile
-    from .profiling.calibrate import calibrated_toml, fit, live_replays
-    from .routers import get_router
-    from .sim.cluster import ClusterSim
+    from ..profiles import load_profile
+    from ..profiling.calibrate import calibrated_toml, fit, live_replays
+    from ..routers import get_router
+    from ..sim.cluster import ClusterSim
 
     path = Path(profile_name)
     if path.suffix != ".toml" or not path.is_file():
@@ -333,8 +333,8 @@ def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str
     """Replay the same requests live and in the simulator with the same routers; report per router the error
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
     same way (Kendall tau)."""
-    from .profiles import load_profile
-    from .profiling.fidelity import run_fidelity
+    from ..profiles import load_profile
+    from ..profiling.fidelity import run_fidelity
 
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)

@@ -78,7 +78,7 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
     """Run one of the paper's comparisons and print it beside the paper's numbers."""
     import polars as pl
 
-    from .cli import main as cli_main
+    from .main import main as cli_main
 
     s = SETUPS[setup]
     args = list(s.flags)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from .reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
+from ..reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
                               parse_threshold)
-from .reports.load import RunDirError
-from .reports.report import FORMATS, build_report, write_plots
-from .reports.summary import SummaryError
-from .reports.tables import Slo
+from ..reports.load import RunDirError
+from ..reports.report import FORMATS, build_report, write_plots
+from ..reports.summary import SummaryError
+from ..reports.tables import Slo
 
 
 class InputError(click.ClickException):
@@ -83,7 +83,7 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
         if fmt == "table" and out is None and sys.stdout.isatty():
             from rich.console import Console
 
-            from .reports.render import to_rich
+            from ..reports.render import to_rich
 
             to_rich(rep.tables, Console(), rep.preamble())  # the terminal's own width
             return
@@ -120,7 +120,7 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
 def compare(baseline: str, candidate: str, max_regression: str, metrics: tuple[str, ...],
             pairs: tuple[str, ...], fmt: str, num_resamples: int, level: float) -> None:
     """Compare CANDIDATE runs against BASELINE runs; exit 1 on a significant regression."""
-    from .reports.compare_render import render_comparison
+    from ..reports.compare_render import render_comparison
 
     try:
         threshold = parse_threshold(max_regression)
