@@ -343,8 +343,11 @@ def cpu_executor_for(cores: Sequence[str], choice: str = "auto") -> str:
     but not faster. Measured on a 2-core machine, 2 tiny-model instances, a Poisson replay of 60 requests at
     4 req/s, 4 replays each, launches interleaved: mean TTFT 49-71 ms (uni) against 65-228 ms (mp); mean E2E
     0.63-0.88 s against 0.43-0.83 s (coefficient of variation 13 % against 28 %); mean TBT 9.4-13.0 ms against
-    5.7-10.9 ms, because the engine core's I/O threads then share the model's core. A benchmark harness needs
-    steady numbers first, so ``auto`` takes uni there; ``LBBENCH_CPU_EXECUTOR=mp`` restores vLLM's default.
+    5.7-10.9 ms, because the engine core's I/O threads then share the model's core. The mp executor's stalls
+    also make a profile calibrated on one replay useless for the next: calibrated on replays whose mean TTFT was
+    510 ms, it over-predicted the next replays (mean TTFT 0.1 s) by 56-76 %, where uni's stayed within 5 %
+    (docs/fidelity.md). A benchmark harness needs steady numbers first, so ``auto`` takes uni there;
+    ``LBBENCH_CPU_EXECUTOR=mp`` restores vLLM's default.
     With several cores per instance, vLLM's CPU platform needs the mp executor to set its OpenMP environment, so
     ``auto`` keeps it.
     """
