@@ -182,7 +182,9 @@ class _Replay:
 
     # -- clock ---------------------------------------------------------------------------
     def now(self) -> float:
-        return self.loop.time() - self.t0
+        # time.monotonic(), not loop.time(): uvloop's loop clock moves in whole milliseconds, which would round
+        # every send time, token time and dispatch lag of the run to 1 ms
+        return time.monotonic() - self.t0
 
     # -- main ----------------------------------------------------------------------------
     async def run(self) -> ReplayResult:
@@ -199,7 +201,7 @@ class _Replay:
                                    priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
                 self.backend = backend
                 await self._warm_pool()
-                self.t0 = self.loop.time() + 0.01  # a little lead-in for the first arrival
+                self.t0 = time.monotonic() + 0.01  # a little lead-in for the first arrival
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
