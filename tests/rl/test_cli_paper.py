@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from lbbench import cli_paper
+from lbbench.cli import paper as cli_paper
 from lbbench.cli import main
 
 
