@@ -66,8 +66,10 @@ def scaled(profile: Profile, step_scale: float, api_overhead_s: float | None = N
         api_overhead_s=profile.api_overhead_s if api_overhead_s is None else api_overhead_s)
 
 
-def _mean(records_runs: Sequence[Sequence[RequestRecord]], key: str) -> float:
-    return float(np.mean([stats(recs)[key] for recs in records_runs]))
+def _means(records_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
+    """The mean over runs of each statistic of :func:`stats` (each run's statistics computed once)."""
+    per_run = [stats(recs) for recs in records_runs]
+    return {k: float(np.mean([r[k] for r in per_run])) for k in ("mean_tbt_s", "mean_ttft_s", "mean_e2e_s")}
 
 
 def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
@@ -78,9 +80,8 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
     """
     if not live_runs or not all(live_runs):
         raise CalibrationError("calibration needs at least one live replay with records")
-    live_tbt = _mean(live_runs, "mean_tbt_s")
-    live_ttft = _mean(live_runs, "mean_ttft_s")
-    live_e2e = _mean(live_runs, "mean_e2e_s")
+    live = _means(live_runs)
+    live_tbt, live_ttft, live_e2e = live["mean_tbt_s"], live["mean_ttft_s"], live["mean_e2e_s"]
     if not (math.isfinite(live_tbt) and live_tbt > 0):
         raise CalibrationError("the calibration replay has no time between tokens (give outputs of 2+ tokens)")
     zero_api = profile.with_overrides(api_overhead_s=0.0)
