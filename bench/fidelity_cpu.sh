@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fidelity benchmark on a machine without GPUs: measure a profile from two vLLM CPU instances serving the tiny
-# model, calibrate it on one Poisson request set (seed 1, round robin), then replay other requests -- the Poisson
+# model, calibrate it on one Poisson request set (300 requests, seed 1, round robin), then replay other requests -- the Poisson
 # mix with seed 0 and a slice of the Azure conversation trace -- live and in the simulator through three routers
 # (3 interleaved live repeats each), with the measured profile and with the calibrated one.
 # Needs `make vllm-env`. Prints the tables; JSON in $OUT.
@@ -11,9 +11,11 @@ OUT="${OUT:-runs/fidelity-bench}"
 TRACES="${TRACES:-../shared/traces}"
 REPEATS="${REPEATS:-3}"
 mkdir -p "$OUT"
-POISSON=(--workload poisson --prompt-tokens 256:0.5 --output-tokens 64:0.5 --requests 100 --rate 4)
+MIX=(--workload poisson --prompt-tokens 256:0.5 --output-tokens 64:0.5 --rate 4)
+POISSON=("${MIX[@]}" --requests 100)
 "$L" profile measure --launch tiny --instances 2 --out "$OUT/tiny.toml" --log-dir "$OUT/measure-logs"
-"$L" profile calibrate --profile "$OUT/tiny.toml" --launch tiny --instances 2 "${POISSON[@]}" --seed 1 \
+"$L" profile calibrate --profile "$OUT/tiny.toml" --launch tiny --instances 2 "${MIX[@]}" --requests 300 \
+    --repeats 3 --seed 1 \
     --out "$OUT/tiny-cal.toml" --log-dir "$OUT/calibrate-logs"
 run() {  # name, profile, then workload flags
     local name=$1 prof=$2; shift 2

@@ -244,7 +244,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 
 @profile.command("calibrate")
 @click.option("--profile", "profile_name", required=True,
-              help="The measured profile (a .toml) to calibrate; its shape (the ratios of its step costs) is kept.")
+              help="The measured profile (a .toml) to calibrate; the shape of its prefill and decode costs is kept.")
 @_backend_and_workload_options
 @click.option("--router", default="round_robin", show_default=True, help="Router of the calibration replays.")
 @_load_options
@@ -261,9 +261,9 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
                   workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str,
                   output_tokens: str, router: str, requests: int, rate: float, repeats: int, seed: int,
                   predictor: str, vllm_python: str | None, log_dir: str, port_base: int, out: str) -> None:
-    """Fit a measured profile to the regime of a live replay: one factor on the step costs from the mean time
-    between tokens, the front end's latency from the mean time to first token (end-to-end latency is fitted on
-    neither). Validate on other requests with `lbbench fidelity --seed 0`."""
+    """Fit a measured profile to the regime of a live replay: one factor on the decode-step costs from the mean
+    time between tokens, one on the prefill costs from the mean time to first token (end-to-end latency is fitted
+    on neither). Validate on other requests with `lbbench fidelity --seed 0`."""
     import tomllib
 
     from ..profiles import load_profile
@@ -294,8 +294,9 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     doc = calibrated_toml(tomllib.loads(path.read_text()), cal, what=what)
     doc["name"] = Path(out).stem
     write_profile_toml(doc, out)
-    click.echo(f"{doc['name']}: step costs x{cal.step_scale:.3f} (live mean TBT {cal.live_mean_tbt_s * 1e3:.2f} ms), "
-               f"API overhead {cal.api_overhead_s * 1e3:.2f} ms (live mean TTFT {cal.live_mean_ttft_s * 1e3:.1f} ms); "
+    click.echo(f"{doc['name']}: decode-step costs x{cal.decode_scale:.3f} (live mean TBT "
+               f"{cal.live_mean_tbt_s * 1e3:.2f} ms), prefill costs x{cal.prefill_scale:.3f} (live mean TTFT "
+               f"{cal.live_mean_ttft_s * 1e3:.1f} ms), API overhead {cal.api_overhead_s * 1e3:.2f} ms as measured; "
                f"mean E2E live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s before, "
                f"{cal.sim_after['mean_e2e_s']:.3f} s after")
     click.echo(f"wrote {out}")

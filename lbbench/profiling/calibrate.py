@@ -2,17 +2,23 @@
 
 ``profile measure`` times lone requests and decode batches that run on an otherwise quiet engine. A replay is not
 that regime: the front end streams many requests at once, requests join and leave batches, and on a small host the
-engine, the API server and the client share cores. Calibration keeps the measured *shape* of the step model (the
-ratios of the base, per-prefill-token, per-decode-sequence and per-context-token costs) and fits two numbers to a
-live replay of a calibration workload, each on the quantity it governs:
+engines, the API servers and the client share cores. Calibration keeps the measured *shape* of each half of the
+step model and fits two factors to live replays of a calibration workload, each on the quantity it governs:
 
-- ``step_scale``, the factor on all four step coefficients (and on the mixing estimator's ``grad1``, ``grad2`` and
-  Δt, which are the same costs), so that the simulated mean time between tokens equals the live one. The front end
-  latency does not enter the time between tokens, so this fit is one-dimensional; it is solved by bisection on a
-  log scale (the simulated mean TBT grows with the scale).
-- ``api_overhead_s``, the latency the serving front end adds to every client-observed time. Given the scaled step
-  model, the simulated mean TTFT is the simulated engine TTFT plus that constant, so it is solved in closed form:
-  the live mean TTFT minus the simulated engine mean TTFT (never below zero).
+- ``decode_scale``, the factor on the per-step costs (``base_s``, ``decode_seq_s``, ``context_token_s``, and the
+  mixing estimator's ``grad2`` and Δt, which are the same costs), fitted so that the simulated mean time between
+  tokens equals the live one;
+- ``prefill_scale``, the factor on the per-prefill-token cost (``prefill_token_s`` and the estimator's ``grad1``),
+  fitted so that the simulated mean time to first token equals the live one.
+
+The two are not independent (a prefill chunk in a step delays every decode in it; a queued prefill waits for the
+decode steps ahead of it), so they are solved together: bisection on a log scale for each in turn, with the other
+held, until neither moves. The front end's latency (``api_overhead_s``) stays as measured.
+
+One factor on all the costs (the first version of this command) cannot fit both: on a 2-core host running two CPU
+engines and the client, decode steps slow down under a replay about twice as much as prefill does, so a single
+factor fitted to the time between tokens over-charged every prefill (the simulated engine's time to first token
+alone exceeded the live one) and under-charged the decode steps of other request mixes (docs/fidelity.md).
 
 The end-to-end latency is fitted on neither, and a calibration is meant to be validated on different requests
 (another seed, another router) than it was fitted on: ``lbbench fidelity`` on the calibrated profile does that.
@@ -29,10 +35,17 @@ import numpy as np
 
 from ..core import Request, RequestRecord
 from ..profiles import Profile
-from .fidelity import stats
+from .fidelity import live_replay, stats
 
-#: the bracket of step scales searched
-MIN_SCALE, MAX_SCALE = 1 / 16, 16.0
+#: the bracket of scales searched (each factor)
+MIN_SCALE, MAX_SCALE = 1 / 16, 32.0
+#: the joint fit stops when neither factor moved by more than this (relative) in a round: the simulator is
+#: event-driven, so its means move in small steps with the costs and the fixed point is found to about 1 %
+TOLERANCE = 0.02
+MAX_ROUNDS = 12
+#: the step costs each factor multiplies (``[step]`` keys, then ``[mixing]`` keys)
+DECODE_STEP_KEYS, DECODE_MIXING_KEYS = ("base_s", "decode_seq_s", "context_token_s"), ("grad2", "min_step_s")
+PREFILL_STEP_KEYS, PREFILL_MIXING_KEYS = ("prefill_token_s",), ("grad1",)
 
 
 class CalibrationError(ValueError):
@@ -41,7 +54,9 @@ class CalibrationError(ValueError):
 
 @dataclass
 class Calibration:
-    step_scale: float
+    prefill_scale: float
+    decode_scale: float
+    #: as measured (the front end's latency is not fitted)
     api_overhead_s: float
     live_mean_tbt_s: float
     live_mean_ttft_s: float
@@ -49,21 +64,22 @@ class Calibration:
     #: the simulator on the calibration requests, before and after
     sim_before: dict[str, float]
     sim_after: dict[str, float]
+    rounds: int = 0
 
     def as_dict(self) -> dict:
-        return {"step_scale": self.step_scale, "api_overhead_s": self.api_overhead_s,
-                "live_mean_tbt_s": self.live_mean_tbt_s, "live_mean_ttft_s": self.live_mean_ttft_s,
-                "live_mean_e2e_s": self.live_mean_e2e_s, "sim_before": self.sim_before, "sim_after": self.sim_after}
+        return {"prefill_scale": self.prefill_scale, "decode_scale": self.decode_scale,
+                "api_overhead_s": self.api_overhead_s, "live_mean_tbt_s": self.live_mean_tbt_s,
+                "live_mean_ttft_s": self.live_mean_ttft_s, "live_mean_e2e_s": self.live_mean_e2e_s,
+                "sim_before": self.sim_before, "sim_after": self.sim_after, "rounds": self.rounds}
 
 
-def scaled(profile: Profile, step_scale: float, api_overhead_s: float | None = None) -> Profile:
-    """``profile`` with every step cost (and the mixing estimator's copies of them) times ``step_scale``."""
-    s = step_scale
-    return profile.with_overrides(
-        base_s=profile.base_s * s, prefill_token_s=profile.prefill_token_s * s,
-        decode_seq_s=profile.decode_seq_s * s, context_token_s=profile.context_token_s * s,
-        grad1=profile.grad1 * s, grad2=profile.grad2 * s, min_step_s=profile.min_step_s * s,
-        api_overhead_s=profile.api_overhead_s if api_overhead_s is None else api_overhead_s)
+def scaled(profile: Profile, prefill_scale: float, decode_scale: float | None = None) -> Profile:
+    """``profile`` with its per-prefill-token costs times ``prefill_scale`` and its per-step costs times
+    ``decode_scale`` (the same factor for both when it is not given), the mixing estimator's copies with them."""
+    sp, sd = prefill_scale, prefill_scale if decode_scale is None else decode_scale
+    over = {k: getattr(profile, k) * sd for k in DECODE_STEP_KEYS + DECODE_MIXING_KEYS}
+    over.update({k: getattr(profile, k) * sp for k in PREFILL_STEP_KEYS + PREFILL_MIXING_KEYS})
+    return profile.with_overrides(**over)
 
 
 def _means(records_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
@@ -72,9 +88,25 @@ def _means(records_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
     return {k: float(np.mean([r[k] for r in per_run])) for k in ("mean_tbt_s", "mean_ttft_s", "mean_e2e_s")}
 
 
+def _bisect(f: Callable[[float], float], target: float, what: str, *, iterations: int) -> float:
+    """The factor in [MIN_SCALE, MAX_SCALE] at which the increasing ``f`` equals ``target`` (log-scale bisection);
+    :class:`CalibrationError` when the bracket does not hold it."""
+    lo, hi = math.log(MIN_SCALE), math.log(MAX_SCALE)
+    if f(math.exp(lo)) > target or f(math.exp(hi)) < target:
+        raise CalibrationError(what)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if f(math.exp(mid)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return math.exp((lo + hi) / 2)
+
+
 def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
-        simulate: Callable[[Profile], Sequence[RequestRecord]], *, iterations: int = 40) -> Calibration:
-    """Fit ``step_scale`` and ``api_overhead_s`` to ``live_runs`` (live replays of one request set).
+        simulate: Callable[[Profile], Sequence[RequestRecord]], *, iterations: int = 30) -> Calibration:
+    """Fit ``prefill_scale`` to the live mean TTFT and ``decode_scale`` to the live mean TBT of ``live_runs``
+    (live replays of one request set).
 
     ``simulate(profile)`` runs the simulator on the same requests with the same router and returns its records.
     """
@@ -84,59 +116,62 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
     live_tbt, live_ttft, live_e2e = live["mean_tbt_s"], live["mean_ttft_s"], live["mean_e2e_s"]
     if not (math.isfinite(live_tbt) and live_tbt > 0):
         raise CalibrationError("the calibration replay has no time between tokens (give outputs of 2+ tokens)")
-    zero_api = profile.with_overrides(api_overhead_s=0.0)
+    bracket = f"factors {MIN_SCALE:g}-{MAX_SCALE:g} of profile {profile.name}"
 
-    def sim_tbt(s: float) -> float:
-        return stats(simulate(scaled(zero_api, s)))["mean_tbt_s"]
+    def sim(sp: float, sd: float, key: str) -> float:
+        return stats(simulate(scaled(profile, sp, sd)))[key]
 
-    lo, hi = math.log(MIN_SCALE), math.log(MAX_SCALE)
-    if sim_tbt(math.exp(lo)) > live_tbt or sim_tbt(math.exp(hi)) < live_tbt:
-        raise CalibrationError(f"the live mean TBT ({live_tbt * 1e3:.2f} ms) is outside what step scales "
-                               f"{MIN_SCALE:g}-{MAX_SCALE:g} of profile {profile.name} give")
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        if sim_tbt(math.exp(mid)) < live_tbt:
-            lo = mid
-        else:
-            hi = mid
-    s = math.exp((lo + hi) / 2)
-    engine_ttft = stats(simulate(scaled(zero_api, s)))["mean_ttft_s"]
-    api = max(0.0, live_ttft - engine_ttft)
-    return Calibration(step_scale=s, api_overhead_s=api, live_mean_tbt_s=live_tbt, live_mean_ttft_s=live_ttft,
-                       live_mean_e2e_s=live_e2e, sim_before=stats(simulate(profile)),
-                       sim_after=stats(simulate(scaled(profile, s, api))))
+    sp = sd = 1.0
+    rounds = 0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        new_sd = _bisect(lambda x: sim(sp, x, "mean_tbt_s"), live_tbt, iterations=iterations,
+                         what=f"the live mean TBT ({live_tbt * 1e3:.2f} ms) is outside what decode-step {bracket} "
+                              f"give (with the prefill costs x{sp:.3g})")
+        new_sp = _bisect(lambda x: sim(x, new_sd, "mean_ttft_s"), live_ttft, iterations=iterations,
+                         what=f"the live mean TTFT ({live_ttft * 1e3:.1f} ms) is outside what prefill {bracket} give "
+                              f"(with the decode-step costs x{new_sd:.3g} and the measured API overhead "
+                              f"{profile.api_overhead_s * 1e3:.2f} ms)")
+        moved = max(abs(new_sd / sd - 1), abs(new_sp / sp - 1))
+        sp, sd = new_sp, new_sd
+        if moved < TOLERANCE:
+            break
+    else:
+        raise CalibrationError(f"the prefill and decode factors did not settle in {MAX_ROUNDS} rounds "
+                               f"(last x{sp:.3g} / x{sd:.3g})")
+    return Calibration(prefill_scale=sp, decode_scale=sd, api_overhead_s=profile.api_overhead_s,
+                       live_mean_tbt_s=live_tbt, live_mean_ttft_s=live_ttft, live_mean_e2e_s=live_e2e,
+                       sim_before=stats(simulate(profile)), sim_after=stats(simulate(scaled(profile, sp, sd))),
+                       rounds=rounds)
 
 
 def calibrated_toml(doc: dict, cal: Calibration, *, what: str) -> dict:
     """The profile TOML ``doc`` (as loaded) rewritten with the calibration applied, ``[calibration]`` and
     ``[source]`` lines saying what it was fitted on (``what``: the workload, seed, router and endpoints)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in doc.items()}
-    s = cal.step_scale
     step = out.setdefault("step", {})
-    for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s"):
-        step[k] = float(f"{step[k] * s:.5g}")
-    step["api_overhead_s"] = float(f"{cal.api_overhead_s:.5g}")
     mixing = out.setdefault("mixing", {})
-    for k in ("grad1", "grad2", "min_step_s"):
-        if k in mixing:
-            mixing[k] = float(f"{mixing[k] * s:.5g}")
+    src = out.setdefault("source", {})
+    for keys, mkeys, s, on in ((DECODE_STEP_KEYS, DECODE_MIXING_KEYS, cal.decode_scale, "TBT"),
+                               (PREFILL_STEP_KEYS, PREFILL_MIXING_KEYS, cal.prefill_scale, "TTFT")):
+        for k in keys:
+            step[k] = float(f"{step[k] * s:.5g}")
+            src[k] = f"{src.get(k, 'as measured')}; then x{s:.4g} (calibrated: live mean {on} of {what})"
+        for k in mkeys:
+            if k in mixing:
+                mixing[k] = float(f"{mixing[k] * s:.5g}")
     out["calibration"] = {
-        "step_scale": float(f"{s:.5g}"), "api_overhead_s": step["api_overhead_s"],
+        "prefill_scale": float(f"{cal.prefill_scale:.5g}"), "decode_scale": float(f"{cal.decode_scale:.5g}"),
         "live_mean_tbt_s": float(f"{cal.live_mean_tbt_s:.5g}"),
         "live_mean_ttft_s": float(f"{cal.live_mean_ttft_s:.5g}"),
         "live_mean_e2e_s": float(f"{cal.live_mean_e2e_s:.5g}"),
         "sim_mean_e2e_before_s": float(f"{cal.sim_before['mean_e2e_s']:.5g}"),
         "sim_mean_e2e_after_s": float(f"{cal.sim_after['mean_e2e_s']:.5g}"),
     }
-    src = out.setdefault("source", {})
-    for k in ("base_s", "prefill_token_s", "decode_seq_s", "context_token_s"):
-        src[k] = f"{src.get(k, 'as measured')}; then x{s:.4g} (calibrated: live mean TBT of {what})"
-    src["api_overhead_s"] = (f"calibrated: live mean TTFT of {what} ({cal.live_mean_ttft_s * 1e3:.1f} ms) less "
-                             f"the simulated engine's")
-    src["calibration"] = (f"lbbench profile calibrate on {what}: step scale {s:.4g} from the mean TBT, API "
-                          f"overhead {cal.api_overhead_s * 1e3:.2f} ms from the mean TTFT; mean E2E not fitted "
-                          f"(live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s "
-                          f"before, {cal.sim_after['mean_e2e_s']:.3f} s after)")
+    src["calibration"] = (f"lbbench profile calibrate on {what}: decode-step costs x{cal.decode_scale:.4g} from the "
+                          f"mean TBT ({cal.live_mean_tbt_s * 1e3:.2f} ms), prefill costs x{cal.prefill_scale:.4g} "
+                          f"from the mean TTFT ({cal.live_mean_ttft_s * 1e3:.1f} ms), API overhead as measured; "
+                          f"mean E2E not fitted (live {cal.live_mean_e2e_s:.3f} s, simulated "
+                          f"{cal.sim_before['mean_e2e_s']:.3f} s before, {cal.sim_after['mean_e2e_s']:.3f} s after)")
     return out
 
 
@@ -144,15 +179,13 @@ def live_replays(requests: Sequence[Request], router_factory: Callable[[], objec
                  profile: Profile, *, repeats: int, seed: int,
                  progress: Callable[[str], None] = lambda what: None) -> list[list[RequestRecord]]:
     """``repeats`` live replays of ``requests`` with a fresh router each time."""
-    from ..harness.replay import run_replay
-
-    specs = [profile.instance_spec()] * len(endpoints)
     runs = []
     for k in range(repeats):
-        res = run_replay(requests, router_factory(), endpoints, specs=specs, run_id=f"calibrate-live-{k}",
-                         seed=seed, min_step_s=profile.min_step_s, scrape_interval_s=None)
-        if not res.complete:
-            raise CalibrationError(f"calibration replay {k + 1} did not complete")
-        runs.append(res.records)
-        progress(f"calibration replay {k + 1}/{repeats}: mean E2E {stats(res.records)['mean_e2e_s']:.3f} s")
+        try:
+            records = live_replay(requests, router_factory(), endpoints, profile, run_id=f"calibrate-live-{k}",
+                                  seed=seed, what=f"calibration replay {k + 1}")
+        except RuntimeError as e:
+            raise CalibrationError(str(e)) from None
+        runs.append(records)
+        progress(f"calibration replay {k + 1}/{repeats}: mean E2E {stats(records)['mean_e2e_s']:.3f} s")
     return runs

@@ -172,19 +172,33 @@ def compare(routers: Sequence[str], sim_runs: dict[str, list[RequestRecord]],
     return tau, out
 
 
+def live_replay(requests: Sequence[Request], router, endpoints: Sequence[str], profile: Profile, *, run_id: str,
+                seed: int, what: str) -> list[RequestRecord]:
+    """One live replay of ``requests`` through ``router`` as fidelity and calibration run it: every instance given
+    the profile's ``InstanceSpec`` (the simulator gives the routers the same one), the profile's decision epoch,
+    no metrics scraping (it would load the host the engines share); ``RuntimeError`` naming ``what`` when the
+    replay did not complete."""
+    from ..harness.replay import run_replay
+
+    specs = [profile.instance_spec()] * len(endpoints)
+    res = run_replay(requests, router, endpoints, specs=specs, run_id=run_id, seed=seed,
+                     min_step_s=profile.min_step_s, scrape_interval_s=None)
+    if not res.complete:
+        raise RuntimeError(f"{what} did not complete")
+    return res.records
+
+
 def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequence[str], endpoints: Sequence[str],
                  *, repeats: int = 3, seed: int = 0, router_options: dict | None = None,
                  out_dir=None,
                  progress: Callable[[str], None] = lambda what: None) -> tuple[float, list[RouterFidelity]]:
     """Replay ``requests`` live ``repeats`` times per router (interleaved) and once in the simulator; with
     ``out_dir``, every run's records go to ``out_dir/records.parquet`` (column ``source``: sim or live-K)."""
-    from ..harness.replay import run_replay
     from ..routers import get_router
     from ..sim.cluster import ClusterSim
 
     opts = router_options or {}
     n = len(endpoints)
-    specs = [profile.instance_spec()] * n  # the same InstanceSpec reaches the routers in both
 
     def router(name: str):
         return get_router(name, num_instances=n, seed=seed, profile=profile, **opts.get(name, {}))
@@ -200,15 +214,13 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
             if profile.enable_prefix_caching:
                 reset_prefix_caches(endpoints)
             before = prefix_counters(endpoints) if profile.enable_prefix_caching else None
-            res = run_replay(requests, router(name), endpoints, specs=specs, run_id=f"fidelity-live-{k}",
-                             seed=seed, min_step_s=profile.min_step_s, scrape_interval_s=None)
-            if not res.complete:
-                raise RuntimeError(f"live replay of {name} (repeat {k + 1}) did not complete")
-            live_runs[name].append(res.records)
+            records = live_replay(requests, router(name), endpoints, profile, run_id=f"fidelity-live-{k}",
+                                  seed=seed, what=f"live replay of {name} (repeat {k + 1})")
+            live_runs[name].append(records)
             after = prefix_counters(endpoints) if before is not None else None
             if after is not None and after[0] > before[0]:
                 live_hits[name].append((after[1] - before[1]) / (after[0] - before[0]))
-            progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(res.records)['mean_e2e_s']:.3f} s")
+            progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(records)['mean_e2e_s']:.3f} s")
     if out_dir is not None:
         from pathlib import Path
         frames = [_records_frame(recs, name, "sim") for name, recs in sim_runs.items()]
