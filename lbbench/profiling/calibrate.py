@@ -122,7 +122,6 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
         return stats(simulate(scaled(profile, sp, sd)))[key]
 
     sp = sd = 1.0
-    rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
         new_sd = _bisect(lambda x: sim(sp, x, "mean_tbt_s"), live_tbt, iterations=iterations,
                          what=f"the live mean TBT ({live_tbt * 1e3:.2f} ms) is outside what decode-step {bracket} "
