@@ -53,7 +53,7 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
                health_timeout_s: float, endpoints_file: str | None, extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
-    from ..harness.launcher import LaunchError, launch
+    from ..engines.vllm.launcher import LaunchError, launch
 
     cp = {"on": True, "off": False, "default": None}[chunked_prefill]
     # Ctrl-C stops the servers even when started from a shell that ignores SIGINT
@@ -101,7 +101,7 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
                   instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None,
                   allow_kill: bool) -> None:
     """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator."""
-    from ..harness.emulator import FleetConfig, resolve_profile, serve_forever
+    from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
 
     from ..profiles import ProfileError
 

@@ -148,7 +148,7 @@ def run_live(cfg: RunConfig, profile: Profile, kw: dict[str, Any], endpoints: li
                         complete = False
                         break
             else:
-                from ..harness.launcher import launch
+                from ..engines.vllm.launcher import launch
                 for chunked in cfg.chunked_prefill:
                     tag = "default" if chunked is None else ("on" if chunked else "off")
                     console.print(f"launching {cfg.instances} x {kw['launch_model']} (chunked prefill {tag}) ...")

@@ -35,7 +35,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ConfigError, ProfileError, UnknownRouterError, RouterError]
     for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
                       ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
-                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.harness.launcher", "LaunchError"),
+                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.engines.vllm.launcher", "LaunchError"),
                       ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
                       ("lbbench.profiling.models", "ModelConfigError"),
                       ("lbbench.profiling.measure", "MeasureError"),
@@ -224,7 +224,7 @@ def _trace_options_decorator(f: Any) -> Any:
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
               help="Live runs: the endpoints' engine, for its request fields (exact lengths, token counts) and the "
-                   "metric names the timeline and the routers read (lbbench/engines.py).")
+                   "metric names the timeline and the routers read (lbbench/engines/).")
 @click.option("--prompt-mode", type=click.Choice(["auto", "ids", "text"]), default="auto", show_default=True,
               help="Live runs: send prompts as token ids (exact; vLLM) or as text built to the exact length "
                    "(gateways that take only text); auto: ids unless the endpoint refuses them.")

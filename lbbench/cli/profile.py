@@ -66,7 +66,7 @@ def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int,
     """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
     import contextlib
 
-    from ..harness.launcher import launch
+    from ..engines.vllm.launcher import launch
 
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
@@ -194,7 +194,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
     import contextlib
     import platform
 
-    from ..harness.launcher import launch, visible_gpus
+    from ..engines.vllm.launcher import launch, visible_gpus
     from ..profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
 
     if bool(endpoint) == (launch_model is not None):

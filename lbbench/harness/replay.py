@@ -51,8 +51,8 @@ from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, 
                     MetricsSample, Request, RequestRecord, TokensGenerated, chain_sessions)
 from ..dispatch import Dispatcher, Router
 from ..engines import VLLM, Engine, get_engine
-from .http import HttpBackend, StreamResult
-from .metrics import parse_metrics
+from ..live.http import HttpBackend, StreamResult
+from ..live.metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
 #: The scheduler wakes this much before an arrival and yields to other tasks

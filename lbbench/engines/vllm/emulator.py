@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from ..core import Failed, Finished, FirstToken, Request
-from ..profiles import Profile
-from ..sim.instance import SimInstance
-from .metrics import render_metrics
+from ...core import Failed, Finished, FirstToken, Request
+from ...profiles import Profile
+from ...sim.instance import SimInstance
+from ...live.metrics import render_metrics
 
 
 def zero_latency_profile() -> Profile:
@@ -56,7 +56,7 @@ def resolve_profile(name: str) -> Profile:
     """``zero`` -> :func:`zero_latency_profile`; anything else through ``load_profile``."""
     if name == "zero":
         return zero_latency_profile()
-    from ..profiles import load_profile
+    from ...profiles import load_profile
     return load_profile(name)
 
 
@@ -304,7 +304,7 @@ class EmulatedInstance:
 
     async def _version(self, request: web.Request) -> web.Response:
         """As vLLM answers it (gateways probe it to recognise a vLLM worker)."""
-        from .. import __version__
+        from ... import __version__
         return web.json_response({"version": f"{__version__}+lbbench-serve-sim"})
 
     async def _server_info(self, request: web.Request) -> web.Response:

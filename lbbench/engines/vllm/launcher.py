@@ -12,7 +12,7 @@ The server command is ``vllm serve`` when a ``vllm`` on the PATH runs, else
 ``python -m vllm.entrypoints.openai.api_server`` with the Python of
 ``--vllm-python`` or of the project's ``.venv-vllm`` (``make vllm-env``).
 ``model == "tiny"`` serves the tiny random-weight Llama of
-``lbbench.harness.tiny_model`` (created once, cached).
+``lbbench.engines.vllm.tiny_model`` (created once, cached).
 
 Every server runs in its own process group with its log in ``log_dir``. The
 context manager waits for each ``/health`` (failing early, with the log's

@@ -10,7 +10,7 @@ the real one.
 The model is created once and cached under ``$LBBENCH_CACHE/tiny-llama`` (or
 ``~/.cache/lbbench/tiny-llama``). This file imports nothing from lbbench, so any
 Python with ``torch``, ``transformers`` and ``tokenizers`` can create it:
-``python -m lbbench.harness.tiny_model [DIR]`` from the lbbench environment, or
+``python -m lbbench.engines.vllm.tiny_model [DIR]`` from the lbbench environment, or
 ``python path/to/tiny_model.py [DIR]`` from the vLLM environment.
 """
 
