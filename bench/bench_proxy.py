@@ -77,7 +77,7 @@ def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
 def main() -> None:
     import subprocess
 
-    from lbbench.harness.emulator import free_port, free_port_range
+    from lbbench.engines.vllm.emulator import free_port, free_port_range
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400)

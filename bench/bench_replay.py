@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from lbbench.core import Request
-from lbbench.harness.launcher import find_vllm_python
+from lbbench.engines.vllm.launcher import find_vllm_python
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
 
@@ -181,7 +181,7 @@ def main() -> None:
     py = None if args.vllm_python == "none" else find_vllm_python(args.vllm_python)
     tokenizer = None
     if py is not None:
-        from lbbench.harness.tiny_model import ensure_tiny_model
+        from lbbench.engines.vllm.tiny_model import ensure_tiny_model
         tokenizer = str(ensure_tiny_model())
 
     print(f"replay client benchmark: serve-sim --profile zero (1 instance, own process); "

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from lbbench.experiment import RunConfig, _sim_frames
+from lbbench.experiment import RunConfig, sim_frames as _sim_frames
 from lbbench.reports.reference import BASELINE_ROUTERS, with_reference
 from lbbench.reports.summary import Slo, per_seed, summarize
 

@@ -113,7 +113,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         found = available_profiles().get(str(name_or_path))
         if found is None:
             names = ", ".join(available_profiles()) or "none"
-            raise ProfileError(f"--profile: unknown profile {str(name_or_path)!r} (known: {names}; "
+            raise ProfileError(f"profile: unknown profile {str(name_or_path)!r} (known: {names}; "
                                "or give a path to a .toml file)")
         p = found
     try:

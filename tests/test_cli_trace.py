@@ -81,7 +81,7 @@ def test_bad_row_is_one_line_exit_2(tmp_path):
     (["--mapping", "arrival"], "--mapping"),
     (["--trace-format", "nope"], "--trace-format"),
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens"),
-    (["--time-scale", "2", "--rate", "3"], "--time-scale and --rate"),
+    (["--time-scale", "2", "--rate", "3"], "--time-scale: both it and the rate"),
 ])
 def test_bad_flags_exit_2(burst, args, needle):
     res = CliRunner().invoke(trace, ["inspect", str(burst), *args])
@@ -93,7 +93,7 @@ def test_unknown_format_suggests_mapping(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("a,b,c\n1,2,3\n")
     res = CliRunner().invoke(trace, ["inspect", str(p)])
-    assert res.exit_code == 2 and "--mapping" in res.output
+    assert res.exit_code == 2 and "give a mapping arrival=COL" in res.output
     res = CliRunner().invoke(trace, ["inspect", str(p), "--mapping", "arrival=a,prompt=b,output=c",
                                      "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output)["format"] == "mapped"

@@ -71,7 +71,8 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     except KeyboardInterrupt:
         pass
     except LaunchError as exc:
-        first, _, rest = str(exc).partition("\n")
+        from .flags import user_message
+        first, rest = user_message(exc), str(exc).partition("\n")[2]
         if rest:
             click.echo(rest, err=True)  # the server log's tail
         raise click.UsageError(first) from None
@@ -108,7 +109,7 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
     try:
         prof = resolve_profile(profile)
     except ProfileError as exc:
-        raise click.BadParameter(str(exc).removeprefix("--profile: "), param_hint="--profile") from None
+        raise click.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
     cfg = FleetConfig(prof, instances, host=host, port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
@@ -123,7 +124,7 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
             await serve_forever(cfg, on_ready=lambda urls: _announce(
                 urls, f"emulated instance(s) of {prof.name}", endpoints_file))
         except OSError as exc:
-            raise click.BadParameter(str(exc).removeprefix("--port: "), param_hint="--port") from None
+            raise click.BadParameter(str(exc).removeprefix("port: "), param_hint="--port") from None
 
     try:
         asyncio.run(main())

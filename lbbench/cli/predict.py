@@ -23,7 +23,8 @@ from ..predict.data import DataError, load_corpus, stratified_split, token_count
 
 
 def _usage(exc: Exception) -> click.UsageError:
-    return click.UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    from .flags import user_message
+    return click.UsageError(user_message(exc))
 
 
 def _load(data: tuple[str, ...], models: str | None, max_examples: int | None, seed: int):

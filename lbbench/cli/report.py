@@ -16,6 +16,7 @@ import click
 from ..reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
                               parse_threshold)
 from ..reports.load import RunDirError
+from .flags import user_message
 from ..reports.report import FORMATS, build_report, write_plots
 from ..reports.summary import SummaryError
 from ..reports.tables import Slo
@@ -89,7 +90,7 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
             return
         text = rep.render(fmt, plots=not no_plots)
     except (RunDirError, SummaryError) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(user_message(exc)) from None
     if fmt == "html" and out is None:
         first = Path(run_dirs[0])
         out = (first if first.is_dir() else first.parent) / "report.html"
@@ -128,13 +129,13 @@ def compare(baseline: str, candidate: str, max_regression: str, metrics: tuple[s
         result = compare_runs(baseline, candidate, metrics or DEFAULT_METRICS, threshold, pair_list,
                               num_resamples, level)
     except CompareError as exc:
-        msg = str(exc)
+        msg = user_message(exc)
         if msg.startswith("--"):
             flag, _, rest = msg.partition(": ")
             raise click.BadParameter(rest, param_hint=f"'{flag}'") from None
         raise InputError(msg) from None
     except (RunDirError, SummaryError) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(user_message(exc)) from None
     if fmt == "json":
         click.echo(json.dumps(render_comparison(result, "json"), indent=2, default=str))
     else:

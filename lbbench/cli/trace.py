@@ -15,6 +15,7 @@ import click
 
 from ..core import Request
 from ..workloads.errors import WorkloadError
+from .flags import user_message
 from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from ..workloads.trace_stats import inspect_trace
 from ..workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
@@ -39,7 +40,7 @@ def _parsed(parse: Callable[[str], Any], flag: str) -> Callable[[click.Context, 
         try:
             return parse(value)
         except WorkloadError as exc:
-            raise click.BadParameter(str(exc).removeprefix(f"{flag}: "), ctx, param) from None
+            raise click.BadParameter(str(exc).removeprefix(f"{flag.lstrip('-').replace('-', '_')}: "), ctx, param) from None
     return callback
 
 
@@ -94,7 +95,7 @@ def load_trace_from_options(path: str | Path, options: dict[str, Any], rate: flo
     try:
         return load_trace_requests(path, **read, **transform, rate=rate, requests=requests)
     except WorkloadError as exc:
-        raise TraceInputError(str(exc)) from None
+        raise TraceInputError(user_message(exc)) from None
 
 
 @click.group("trace")
@@ -122,7 +123,7 @@ def inspect_cmd(file: str, out_format: str, rate: float | None, requests: int | 
             tf = transform_trace(tf, **transform, drop_failed=False)
         stats = inspect_trace(tf)
     except WorkloadError as exc:
-        raise TraceInputError(str(exc)) from None
+        raise TraceInputError(user_message(exc)) from None
     if out_format == "json":
         click.echo(json.dumps(stats))
     else:
@@ -145,7 +146,7 @@ def convert_cmd(file: str, out: str, rate: float | None, requests: int | None, k
                              drop_failed=not keep_failed)
         write_canonical(tf, out)
     except WorkloadError as exc:
-        raise TraceInputError(str(exc)) from None
+        raise TraceInputError(user_message(exc)) from None
     skipped = f", {tf.skipped_rows} bad rows skipped" if tf.skipped_rows else ""
     click.echo(f"wrote {len(tf)} requests ({tf.format} trace) to {out}{skipped}")
 

@@ -84,7 +84,7 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     try:
         profile = load_profile(cfg.profile)
     except ProfileError as exc:
-        raise click.BadParameter(str(exc), param_hint="--profile") from None
+        raise click.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
     t0 = time.perf_counter()
     curve = run_training(cfg, out_dir, progress=not quiet, profile=profile)
     wall_s = time.perf_counter() - t0

@@ -62,4 +62,4 @@ def get_engine(name: str | Engine | None) -> Engine:
     try:
         return ENGINES[name.lower()]
     except KeyError:
-        raise UnknownEngineError(f"--engine {name}: unknown engine (known: {', '.join(ENGINES)})") from None
+        raise UnknownEngineError(f"engine {name}: unknown engine (known: {', '.join(ENGINES)})") from None

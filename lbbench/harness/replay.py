@@ -1,10 +1,11 @@
 """Live replay: a workload sent over HTTP through the same dispatcher as the simulator.
 
 ``run_replay`` drives ``lbbench.dispatch.Dispatcher`` and
-``lbbench.core.ClusterState`` from an asyncio loop on the wall clock — the very
-objects the simulator drives in virtual time — so a router cannot tell the two
-apart. Decision epochs are the simulator's: an arrival, a completion, and every
-``min_step_s`` while requests wait after the router deferred.
+``lbbench.core.ClusterState`` through the live decision loop the proxy uses too
+(``lbbench.live.drive.Drive``) — the very objects the simulator drives in virtual
+time — so a router cannot tell the two apart. Decision epochs are the simulator's:
+an arrival, a completion, and every ``min_step_s`` while requests wait after the
+router deferred.
 
 The schedule is open loop and absolute: request *i* reaches the load balancer
 at ``start + arrival_s`` (never a chain of relative sleeps), so a slow
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import signal
 import threading
 import time
@@ -47,11 +47,11 @@ from typing import Callable, Sequence
 import aiohttp
 import polars as pl
 
-from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, InstanceSpec,
-                    MetricsSample, Request, RequestRecord, TokensGenerated, chain_sessions)
-from ..dispatch import Dispatcher, Router
+from ..core import Failed, Finished, InstanceSpec, MetricsSample, Request, RequestRecord, chain_sessions
+from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
+from ..live.drive import Drive, probe_health
 from ..live.metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
@@ -71,7 +71,7 @@ def normalize_endpoint(url: str) -> str:
     """``host:port``, ``http://host:port/`` or ``.../v1`` -> ``http://host:port``."""
     u = url.strip()
     if not u:
-        raise EndpointError("--endpoint: empty URL")
+        raise EndpointError("endpoint: empty URL")
     if "://" not in u:
         u = "http://" + u
     u = u.rstrip("/")
@@ -94,11 +94,11 @@ def served_models(endpoint: str, timeout_s: float = 5.0) -> list[str]:
 def check_endpoints(endpoints: Sequence[str], timeout_s: float = 5.0) -> list[str]:
     """Check every endpoint answers (``/health``, else ``/v1/models``).
 
-    Returns the normalized URLs; raises ``EndpointError("--endpoint URL:
+    Returns the normalized URLs; raises ``EndpointError("endpoint URL:
     unreachable: ...")`` for the first that does not.
     """
     if not endpoints:
-        raise EndpointError("--endpoint: no endpoints given")
+        raise EndpointError("endpoint: no endpoints given")
     out = []
     for raw in endpoints:
         url = normalize_endpoint(raw)
@@ -110,10 +110,10 @@ def check_endpoints(endpoints: Sequence[str], timeout_s: float = 5.0) -> list[st
                     raise
                 _get(url + "/v1/models", timeout_s)
         except urllib.error.HTTPError as exc:
-            raise EndpointError(f"--endpoint {raw}: unhealthy: HTTP {exc.code}") from None
+            raise EndpointError(f"endpoint {raw}: unhealthy: HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise EndpointError(f"--endpoint {raw}: unreachable: {reason}") from None
+            raise EndpointError(f"endpoint {raw}: unreachable: {reason}") from None
         out.append(url)
     return out
 
@@ -143,8 +143,9 @@ class _Replay:
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
-                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM):
+                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None):
         self.engine = engine
+        self.label = label or router.name
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         # closed-loop sessions: a later turn is sent once the turn before it finished, plus its think time
         self._stream, self._next_turn = chain_sessions(self.requests)
@@ -165,8 +166,8 @@ class _Replay:
         self.early_wake_s = early_wake_s
         self.priority_of = priority_of
         self.prompt_texts = prompt_texts
-        self.state = ClusterState(specs)
-        self.dispatcher = Dispatcher(router, self.state)
+        self.drive = Drive(router, specs, min_step_s=min_step_s, on_dispatch=self._dispatched, on_error=self._crash)
+        self.state = self.drive.state
         self.records: list[RequestRecord] = []
         self.token_times: dict[int, list[float]] = {}
         self.metric_rows: list[tuple] = []
@@ -177,14 +178,11 @@ class _Replay:
         self.error: BaseException | None = None
         self.finished = asyncio.Event()  # every request has its record
         self.stop = asyncio.Event()  # interrupted, or a task crashed
-        self._tick: asyncio.TimerHandle | None = None
         self._last_progress_s = 0.0
 
     # -- clock ---------------------------------------------------------------------------
     def now(self) -> float:
-        # time.monotonic(), not loop.time(): uvloop's loop clock moves in whole milliseconds, which would round
-        # every send time, token time and dispatch lag of the run to 1 ms
-        return time.monotonic() - self.t0
+        return self.drive.now()
 
     # -- main ----------------------------------------------------------------------------
     async def run(self) -> ReplayResult:
@@ -201,7 +199,7 @@ class _Replay:
                                    priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
                 self.backend = backend
                 await self._warm_pool()
-                self.t0 = time.monotonic() + 0.01  # a little lead-in for the first arrival
+                self.drive.start_clock(0.01)  # a little lead-in for the first arrival
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
@@ -211,8 +209,7 @@ class _Replay:
                     self.finished.set()
                 waiters = [asyncio.create_task(self.finished.wait()), asyncio.create_task(self.stop.wait())]
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if self._tick is not None:
-                    self._tick.cancel()
+                self.drive.close()
                 for t in [*tasks, *waiters, *self.in_flight]:
                     t.cancel()
                 await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
@@ -226,7 +223,7 @@ class _Replay:
         return ReplayResult(records=self.records, metrics=metrics, complete=complete,
                             token_times=self.token_times, interrupted=self.interrupted,
                             duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
-                            model=self.model, clock_origin_s=self.t0)
+                            model=self.model, clock_origin_s=self.drive.t0)
 
     async def _warm_pool(self) -> None:
         """Open ``warm_connections`` keep-alive connections per endpoint before
@@ -272,7 +269,7 @@ class _Replay:
                 await asyncio.sleep(0)
             now = self.now()
             while i < n and reqs[i].arrival_s <= now:
-                self.dispatcher.arrive(reqs[i])
+                self.drive.arrive(reqs[i])
                 self.arrived_at[reqs[i].request_id] = now
                 i += 1
                 self.num_arrived += 1
@@ -285,65 +282,44 @@ class _Replay:
             self.loop.call_later(due_s - now, self._arrive_turn, req, due_s)
             return
         req = replace(req, arrival_s=now)
-        self.dispatcher.arrive(req)
+        self.drive.arrive(req)
         self.arrived_at[req.request_id] = now
         self.num_arrived += 1
         self._epoch(now)
 
     def _epoch(self, now: float) -> None:
-        try:
-            dispatches = self.dispatcher.decide(now)
-        except Exception as exc:  # a router bug (e.g. RouterError) ends the run, loudly
-            self._crash(exc)
-            return
-        for req, inst in dispatches:
-            held = now - self.arrived_at.pop(req.request_id, now)
-            task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
-            self.in_flight.add(task)
-            task.add_done_callback(self._send_done)
-        if len(self.dispatcher) and self._tick is None:
-            self._tick = self.loop.call_later(self.min_step_s, self._on_tick)
+        self.drive.epoch(now)  # a router bug (e.g. RouterError) goes to _crash and ends the run, loudly
+
+    def _dispatched(self, req: Request, inst: int, now: float) -> None:
+        held = now - self.arrived_at.pop(req.request_id, now)
+        task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
+        self.in_flight.add(task)
+        task.add_done_callback(self._send_done)
 
     def _send_done(self, task: asyncio.Task) -> None:
         self.in_flight.discard(task)
         self._task_done(task)
 
-    def _on_tick(self) -> None:
-        self._tick = None
-        if len(self.dispatcher):
-            self._epoch(self.now())
-
     # -- one request -------------------------------------------------------------------------
     async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float) -> None:
         rid = req.request_id
-        observe = self.dispatcher.observe
-        last = [-math.inf]
-        min_step_s = self.min_step_s
-
-        def on_tokens(count: int, t: float) -> None:
-            if last[0] == -math.inf:
-                observe(FirstToken(rid, inst, t))
-                last[0] = t
-            elif t - last[0] >= min_step_s:
-                observe(TokensGenerated(rid, inst, t, count))
-                last[0] = t
-
-        res = await self.backend.send(self.endpoints[inst], req, on_tokens)
+        observe = self.drive.observe
+        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(rid, inst))
         now = self.now()
         if res.error is None:
             observe(Finished(rid, inst, res.finish_s if res.finish_s is not None else now,
                              res.generated_tokens))
         else:
             observe(Failed(rid, inst, now, res.error))
-            if res.connection_error and self.state.view().instances[inst].healthy:
-                observe(InstanceHealth(inst, now, False))
+            if res.connection_error:
+                self.drive.mark_down(inst)
         self._record(req, inst, dispatch_s, planned_s, res)
         self._epoch(self.now())
 
     def _record(self, req: Request, inst: int, dispatch_s: float, planned_s: float | None,
                 res: StreamResult | None, error: str | None = None) -> None:
         rec = RequestRecord.for_request(
-            req, run_id=self.run_id, router=self.router.name, seed=self.seed, instance=inst, dispatch_s=dispatch_s,
+            req, run_id=self.run_id, router=self.label, seed=self.seed, instance=inst, dispatch_s=dispatch_s,
             first_token_s=res.first_token_s if res else None, finish_s=res.finish_s if res else None,
             generated_tokens=res.generated_tokens if res else 0, token_times=res.token_times_s if res else None,
             planned_send_s=planned_s, actual_send_s=res.actual_send_s if res else None,
@@ -373,12 +349,7 @@ class _Replay:
 
     # -- health, stalls, metrics ---------------------------------------------------------
     async def _probe(self, inst: int) -> bool:
-        try:
-            async with self.backend.session.get(self.endpoints[inst] + "/health",
-                                                timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        return await probe_health(self.backend.session, self.endpoints[inst])
 
     async def _watch(self) -> None:
         """Bring instances back when ``/health`` answers; fail requests that can
@@ -387,31 +358,24 @@ class _Replay:
         stalled_since: float | None = None
         while True:
             await asyncio.sleep(self.health_interval_s)
-            view = self.state.view()
-            down = [iv.index for iv in view.instances if not iv.healthy]
+            down = [iv.index for iv in self.state.view().instances if not iv.healthy]
             if down:
-                ok = await asyncio.gather(*(self._probe(i) for i in down))
-                for i, good in zip(down, ok):
-                    if good:
-                        self.dispatcher.observe(InstanceHealth(i, self.now(), True))
-                if any(ok):
-                    self._epoch(self.now())
-            stuck = len(self.dispatcher) > 0 and not self.in_flight and (
-                self.num_arrived == len(self.requests) or not self.state.view().healthy_indices())
+                await self.drive.check_health(self._probe, down)
+            stuck = len(self.drive) > 0 and not self.in_flight and (
+                self.num_arrived == len(self.requests) or not self.drive.healthy_indices())
             now = self.now()
             if not stuck:
                 stalled_since = None
             elif stalled_since is None:
                 stalled_since = now
             elif now - stalled_since >= self.stall_timeout_s:
-                why = ("no healthy instance" if not self.state.view().healthy_indices()
+                why = ("no healthy instance" if not self.drive.healthy_indices()
                        else f"router {self.router.name!r} kept deferring")
                 self._fail_queue(now, f"not dispatched: {why} for {self.stall_timeout_s:g}s")
                 stalled_since = None
 
     def _fail_queue(self, now: float, error: str) -> None:
-        while len(self.dispatcher):
-            req = self.dispatcher.drop(0)
+        for req in self.drive.drop_all():
             self.arrived_at.pop(req.request_id, None)
             self._record(req, -1, now, None, None, error)
 
@@ -425,7 +389,7 @@ class _Replay:
                 if m is None:
                     continue
                 t = self.now()
-                self.dispatcher.observe(MetricsSample(i, t, m.num_running, m.num_waiting, m.kv_usage,
+                self.drive.observe(MetricsSample(i, t, m.num_running, m.num_waiting, m.kv_usage,
                                                       m.num_preemptions))
                 self.metric_rows.append((t, i, m.num_running, m.num_waiting, m.kv_usage, m.num_preemptions))
 
@@ -458,7 +422,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
                priority_of: Callable[[Request], int] | None = None,
                prompt_texts: dict[int, str] | None = None,
-               engine: Engine | str | None = None) -> ReplayResult:
+               engine: Engine | str | None = None, label: str | None = None) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -469,7 +433,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     field it is sent with (servers under vLLM's priority scheduling policy). ``prompt_texts``
     (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
     endpoints that take only text. ``engine`` (:mod:`lbbench.engines`, default vLLM) names the request fields and
-    the metrics of the endpoints' engine.
+    the metrics of the endpoints' engine. ``label`` is the records' ``router`` column (default: the router's name).
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -484,9 +448,9 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
         try:
             models = served_models(urls[0])
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise EndpointError(f"--endpoint {endpoints[0]}: cannot list models: {exc}") from None
+            raise EndpointError(f"endpoint {endpoints[0]}: cannot list models: {exc}") from None
         if not models:
-            raise EndpointError(f"--endpoint {endpoints[0]}: serves no model")
+            raise EndpointError(f"endpoint {endpoints[0]}: serves no model")
         model = models[0]
     replay = _Replay(requests, router, urls, model=model, specs=specs, run_id=run_id, seed=seed,
                      out_dir=Path(out_dir) if out_dir is not None else None,
@@ -494,7 +458,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      api=api, min_step_s=min_step_s, progress=progress,
                      health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
-                     priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine))
+                     priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
+                     label=label)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

@@ -113,7 +113,7 @@ def request_body(request: Request, model: str, api: str = "completions",
         else:
             body["prompt"] = text if text is not None else prompt_token_ids(request, token_id_range)
     else:
-        raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
+        raise ValueError(f"api: unknown API {api!r} (completions or chat)")
     if priority is not None:
         if engine.priority_field is None:
             raise ValueError(f"engine {engine.name} has no per-request priority")
@@ -187,7 +187,7 @@ class HttpBackend:
                  priority_of: Callable[[Request], int] | None = None,
                  prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM):
         if api not in ("completions", "chat"):
-            raise ValueError(f"--api: unknown API {api!r} (completions or chat)")
+            raise ValueError(f"api: unknown API {api!r} (completions or chat)")
         self.model = model
         self.clock = clock
         self.api = api

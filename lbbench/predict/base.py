@@ -236,7 +236,7 @@ class NoisyPredictor:
 
     def __init__(self, scheme: BucketScheme, accuracy: float, seed: int = 0):
         if not 0.0 <= accuracy <= 1.0:
-            raise PredictorSpecError(f"--predictor noisy:ACC: accuracy must be in [0, 1], got {accuracy}")
+            raise PredictorSpecError(f"predictor noisy:ACC: accuracy must be in [0, 1], got {accuracy}")
         self.scheme = scheme
         self.accuracy = float(accuracy)
         self.seed = int(seed)
@@ -298,7 +298,7 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
         try:
             acc = float(arg)
         except ValueError:
-            raise PredictorSpecError(f"--predictor {spec!r}: noisy:ACC needs a number in [0, 1], "
+            raise PredictorSpecError(f"predictor {spec!r}: noisy:ACC needs a number in [0, 1], "
                                      "e.g. noisy:0.8") from None
         return NoisyPredictor(scheme, acc, seed)
     if kind in ("text", "embed", "bow") and arg:
@@ -310,24 +310,24 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
             precision = options.pop("precision", "fp32")
             _no_more(spec, options)
             if precision not in ("fp32", "bf16", "int8"):
-                raise PredictorSpecError(f"--predictor {spec!r}: precision must be fp32, bf16 or int8")
+                raise PredictorSpecError(f"predictor {spec!r}: precision must be fp32, bf16 or int8")
             return LengthPredictor.load(path, precision=precision, serving_model=serving)
         from .text import TextPredictor
 
         precision = options.pop("precision", "int8")
         _no_more(spec, options)
         if precision not in ("fp32", "bf16", "int8"):
-            raise PredictorSpecError(f"--predictor {spec!r}: precision must be fp32, bf16 or int8")
+            raise PredictorSpecError(f"predictor {spec!r}: precision must be fp32, bf16 or int8")
         tp = TextPredictor.load(path, precision=precision)
         if tp.config.train.get("objective") == "task":
-            raise PredictorSpecError(f"--predictor {spec!r}: that directory holds a task classifier "
+            raise PredictorSpecError(f"predictor {spec!r}: that directory holds a task classifier "
                                      "(--kind task), not a length predictor (--kind text)")
         return tp
     if kind == "metadata" and arg:
         from .metadata import MetadataPredictor
 
         return MetadataPredictor.load(arg)
-    raise PredictorSpecError(f"--predictor: unknown spec {spec!r} (expected {SPEC_HELP})")
+    raise PredictorSpecError(f"predictor: unknown spec {spec!r} (expected {SPEC_HELP})")
 
 
 def _spec_options(spec: str, arg: str) -> tuple[str, dict[str, str]]:
@@ -337,7 +337,7 @@ def _spec_options(spec: str, arg: str) -> tuple[str, dict[str, str]]:
     for part in filter(None, query.split("&")):
         key, eq, value = part.partition("=")
         if not eq or key not in ("model", "precision"):
-            raise PredictorSpecError(f"--predictor {spec!r}: unknown option {part!r} "
+            raise PredictorSpecError(f"predictor {spec!r}: unknown option {part!r} "
                                      "(known: ?model=NAME&precision=fp32|bf16|int8)")
         options[key] = value
     return path, options
@@ -345,7 +345,7 @@ def _spec_options(spec: str, arg: str) -> tuple[str, dict[str, str]]:
 
 def _no_more(spec: str, options: dict[str, str]) -> None:
     if options:
-        raise PredictorSpecError(f"--predictor {spec!r}: option {next(iter(options))!r} does not apply "
+        raise PredictorSpecError(f"predictor {spec!r}: option {next(iter(options))!r} does not apply "
                                  "to this kind of model")
 
 

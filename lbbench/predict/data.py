@@ -271,7 +271,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
     corpus = Corpus([])
     for p in map(Path, paths):
         if not p.exists():
-            raise DataError(f"--data: {p}: no such file or directory")
+            raise DataError(f"data: {p}: no such file or directory")
         for f in _files_of(p):
             rows = _read_file(f, explicit=p.is_file())
             if rows is None:
@@ -280,7 +280,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
             corpus.files_read.append(str(f))
             raws.extend(rows)
     if not corpus.files_read:
-        raise DataError(f"--data: no file in a known format under {', '.join(map(str, paths))}")
+        raise DataError(f"data: no file in a known format under {', '.join(map(str, paths))}")
     if models:
         wanted = [m.lower() for m in models]
         raws = [r for r in raws if r.model and any(w in r.model.lower() for w in wanted)]
@@ -298,7 +298,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
     corpus.examples = [Example(r.prompt, int(r.output_tokens or 0), int(r.prompt_tokens or 0), r.task, r.model,
                                r.source) for r in raws]
     if not corpus.examples:
-        raise DataError(f"--data: no usable rows under {', '.join(map(str, paths))}"
+        raise DataError(f"data: no usable rows under {', '.join(map(str, paths))}"
                         + (f" for --models {','.join(models)}" if models else ""))
     return corpus
 
@@ -331,7 +331,7 @@ def stratified_split(examples: Sequence[Example], scheme: BucketScheme, test_fra
     one when it has two or more groups).
     """
     if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"--test-fraction must be in (0, 1), got {test_fraction}")
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     groups: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(examples):
         groups[e.prompt].append(i)

@@ -25,11 +25,11 @@ def requests_from_examples(examples: Sequence[Example], num_requests: int, rate_
     clipped so that prompt + output fits.
     """
     if num_requests < 0:
-        raise ValueError(f"--num-requests must be >= 0, got {num_requests}")
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
     if rate_per_s <= 0:
-        raise ValueError(f"--rate must be > 0 requests/s, got {rate_per_s}")
+        raise ValueError(f"rate_per_s must be > 0 requests/s, got {rate_per_s}")
     if not examples:
-        raise DataError("--workload dataset: the corpus has no rows")
+        raise DataError("workload dataset: the corpus has no rows")
     rng = random.Random(seed)
     t_s = 0.0
     out = []

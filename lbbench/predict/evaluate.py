@@ -43,10 +43,10 @@ from .metrics import LengthBaseline, accuracy, bucket_metrics, coverage, kendall
 def model_kind(model_dir: str | Path) -> str:
     cfg = Path(model_dir) / "config.json"
     if not cfg.is_file():
-        raise PredictorSpecError(f"--model: {model_dir}: no config.json (not a saved predictor directory)")
+        raise PredictorSpecError(f"model: {model_dir}: no config.json (not a saved predictor directory)")
     kind = json.loads(cfg.read_text()).get("kind")
     if kind not in ("text", "metadata", "embed", "bow"):
-        raise PredictorSpecError(f"--model: {cfg}: unknown model kind {kind!r}")
+        raise PredictorSpecError(f"model: {cfg}: unknown model kind {kind!r}")
     return kind
 
 
@@ -188,7 +188,7 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
 
 def _require(rows: Sequence[Example], model_dir: str | Path, total: int) -> None:
     if not rows:
-        raise PredictorSpecError(f"--data: all {total} rows were in the training set of {model_dir}; "
+        raise PredictorSpecError(f"data: all {total} rows were in the training set of {model_dir}; "
                                  "nothing held out to evaluate")
 
 

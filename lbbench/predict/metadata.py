@@ -78,11 +78,11 @@ class MetadataPredictor:
     def load(cls, model_dir: str | Path) -> "MetadataPredictor":
         d = Path(model_dir)
         if not (d / CONFIG_FILE).is_file() or not (d / MODEL_FILE).is_file():
-            raise PredictorSpecError(f"--predictor metadata:{model_dir}: no {CONFIG_FILE} + {MODEL_FILE} there "
+            raise PredictorSpecError(f"predictor metadata:{model_dir}: no {CONFIG_FILE} + {MODEL_FILE} there "
                                      "(train one with `lbbench predictor train --kind metadata`)")
         raw = json.loads((d / CONFIG_FILE).read_text())
         if raw.get("kind") != "metadata":
-            raise PredictorSpecError(f"--predictor metadata:{model_dir}: {CONFIG_FILE} is a "
+            raise PredictorSpecError(f"predictor metadata:{model_dir}: {CONFIG_FILE} is a "
                                      f"{raw.get('kind')!r} model, not a metadata model")
         with open(d / MODEL_FILE, "rb") as f:
             model = pickle.load(f)
@@ -108,7 +108,7 @@ def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimat
     elif estimator == "random_forest":
         model = RandomForestClassifier(n_estimators=200, min_samples_leaf=leaf, random_state=seed, n_jobs=1)
     else:
-        raise ValueError(f"--estimator must be gbdt or random_forest, got {estimator!r}")
+        raise ValueError(f"estimator must be gbdt or random_forest, got {estimator!r}")
     if len(set(y)) == 1:  # one class: every estimator would refuse or be pointless
         from sklearn.dummy import DummyClassifier
 

@@ -233,11 +233,11 @@ class TextPredictor:
         d = Path(model_dir)
         cfg_path = d / CONFIG_FILE
         if not cfg_path.is_file():
-            raise PredictorSpecError(f"--predictor text:{model_dir}: no {CONFIG_FILE} there "
+            raise PredictorSpecError(f"predictor text:{model_dir}: no {CONFIG_FILE} there "
                                      "(train one with `lbbench predictor train --kind text`)")
         raw = json.loads(cfg_path.read_text())
         if raw.get("kind") != "text":
-            raise PredictorSpecError(f"--predictor text:{model_dir}: {CONFIG_FILE} is a "
+            raise PredictorSpecError(f"predictor text:{model_dir}: {CONFIG_FILE} is a "
                                      f"{raw.get('kind')!r} model, not a text model")
         config = TextModelConfig(**raw)
         torch = _torch()
@@ -316,7 +316,7 @@ def train_text_model(train: Sequence[Example], scheme: BucketScheme, cfg: TextTr
     tasks = sorted(t for t, n in task_counts.items() if n >= cfg.min_task_count)
     task_index = {t: i for i, t in enumerate(tasks)}
     if cfg.objective == "task" and not tasks:
-        raise ValueError(f"--kind task: no task label occurs at least {cfg.min_task_count} times")
+        raise ValueError(f"kind task: no task label occurs at least {cfg.min_task_count} times")
 
     tokenizer = AutoTokenizer.from_pretrained(encoder)
     net = _build_net(encoder, scheme.num_buckets, len(tasks), cfg.num_layers)

@@ -125,7 +125,7 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
     num_blocks = int(kv_bytes // (kv_token_bytes * engine.block_size))
     if num_blocks * engine.block_size < max_model_len:
         raise DeriveError(f"max_model_len {max_model_len} exceeds the {num_blocks * engine.block_size} tokens the KV "
-                          "cache holds (vLLM refuses to start); lower --max-model-len")
+                          "cache holds (vLLM refuses to start); lower the max_model_len")
 
     pname = name or f"{model.name}-{gpu.name}" + (f"-tp{tp}" if tp > 1 else "")
     eff_note = (f"roofline with prefill MFU {eff.prefill_mfu:g}, weight-read bandwidth utilization "

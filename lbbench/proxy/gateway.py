@@ -1,8 +1,8 @@
 """``lbbench proxy``: an OpenAI-compatible gateway that routes other clients' traffic with lbbench's routers.
 
 Every request that reaches ``/v1/completions`` or ``/v1/chat/completions`` becomes a ``Request`` in the same
-``Dispatcher`` (central queue, decision epochs, deferral) and ``ClusterState`` the simulator and the replay
-harness use; the router picks the backend, and the body is forwarded unchanged, streamed back chunk by chunk (or
+``Dispatcher`` (central queue, decision epochs, deferral) and ``ClusterState`` the simulator uses, driven by the
+live decision loop the replay harness uses too (``lbbench.live.drive.Drive``); the router picks the backend, and the body is forwarded unchanged, streamed back chunk by chunk (or
 whole, for ``stream: false``). Lifecycle events — dispatched, first token, tokens so far, finished or failed —
 feed the cluster state exactly as in a replay, so a policy chosen or trained with lbbench routes a real fleet
 the same way.
@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import aiohttp
 from aiohttp import web
 
-from ..core import (ClusterState, Failed, Finished, FirstToken, InstanceHealth, InstanceSpec, Request,
-                    TokensGenerated)
-from ..dispatch import Dispatcher
+from ..core import Failed, Finished, InstanceSpec, Request
+from ..live.drive import Drive, probe_health
 from .metrics import ProxyMetrics
 
 DEFAULT_MAX_TOKENS = 256
@@ -83,23 +81,23 @@ class Gateway:
     def __init__(self, cfg: ProxyConfig):
         self.cfg = cfg
         n = len(cfg.backends)
-        self.state = ClusterState(list(cfg.specs) if cfg.specs else [InstanceSpec(min_step_s=cfg.min_step_s)] * n)
-        self.dispatcher = Dispatcher(cfg.router, self.state)
+        self.drive = Drive(cfg.router, list(cfg.specs) if cfg.specs else [InstanceSpec(min_step_s=cfg.min_step_s)] * n,
+                           min_step_s=cfg.min_step_s, on_dispatch=self._dispatched)
+        self.state = self.drive.state
+        self.dispatcher = self.drive.dispatcher
         self.metrics = ProxyMetrics(cfg.backend_names or cfg.backends)
         self._waiting: dict[int, asyncio.Future] = {}
         self._next_id = 0
-        self._tick: asyncio.TimerHandle | None = None
         self._draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self.session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
-        self._t0 = time.monotonic()
 
     # -- clock and app ------------------------------------------------------------------
     def now(self) -> float:
-        return time.monotonic() - self._t0
+        return self.drive.now()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.max_body_bytes)
@@ -119,6 +117,7 @@ class Gateway:
         self._health_task = asyncio.create_task(self._watch_health())
 
     async def _stop(self, app: web.Application) -> None:
+        self.drive.close()
         if self._health_task is not None:
             self._health_task.cancel()
         if self.session is not None:
@@ -134,36 +133,27 @@ class Gateway:
 
     # -- routing ----------------------------------------------------------------------------
     def _epoch(self) -> None:
-        now = self.now()
         before = self.dispatcher.num_decisions
         deferred = self.dispatcher.num_deferrals
-        for req, inst in self.dispatcher.decide(now):
-            fut = self._waiting.pop(req.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(inst)
+        self.drive.epoch()
         self.metrics.decisions += self.dispatcher.num_decisions - before
         self.metrics.deferrals += self.dispatcher.num_deferrals - deferred
-        if len(self.dispatcher) and self._tick is None:
-            self._tick = asyncio.get_running_loop().call_later(self.cfg.min_step_s, self._on_tick)
 
-    def _on_tick(self) -> None:
-        self._tick = None
-        if len(self.dispatcher):
-            self._epoch()
+    def _dispatched(self, req: Request, inst: int, now: float) -> None:
+        fut = self._waiting.pop(req.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(inst)
 
     async def _route(self, req: Request) -> int:
         fut = asyncio.get_running_loop().create_future()
         self._waiting[req.request_id] = fut
-        self.dispatcher.arrive(req)
+        self.drive.arrive(req)
         self._epoch()
         try:
             return await fut
         except asyncio.CancelledError:  # the client went away while the request was queued
             self._waiting.pop(req.request_id, None)
-            for i, q in enumerate(self.dispatcher.queue):
-                if q.request_id == req.request_id:
-                    self.dispatcher.drop(i)
-                    break
+            self.drive.withdraw(req.request_id)
             raise
 
     def _new_request(self, body: dict) -> Request:
@@ -237,7 +227,8 @@ class Gateway:
     async def _send(self, request: web.Request, req: Request, inst: int, url: str, raw: bytes, stream: bool,
                     t0: float) -> tuple[web.StreamResponse | None, str, bool]:
         """(response to return, or None with the error and whether a retry is allowed)."""
-        rid, observe = req.request_id, self.dispatcher.observe
+        rid, observe = req.request_id, self.drive.observe
+        on_tokens = self.drive.token_observer(rid, inst)
         headers = {"Content-Type": "application/json"}
         out: web.StreamResponse | None = None
         settled = False
@@ -248,7 +239,7 @@ class Gateway:
                     now = self.now()
                     if up.status == 200:
                         n = _usage_tokens(data)
-                        observe(FirstToken(rid, inst, now))
+                        on_tokens(n, now)
                         observe(Finished(rid, inst, now, n))
                         self.metrics.observe_done(now - t0, now - t0)
                     else:
@@ -262,7 +253,6 @@ class Gateway:
                 await out.prepare(request)
                 first_s = None
                 count = 0
-                last_s = -1e9
                 upstream_done = False
                 try:
                     async for chunk in up.content.iter_any():
@@ -271,11 +261,7 @@ class Gateway:
                         count += chunk.count(b'"text":') + chunk.count(b'"content":')
                         if first_s is None:
                             first_s = now
-                            observe(FirstToken(rid, inst, now))
-                            last_s = now
-                        elif now - last_s >= self.cfg.min_step_s:
-                            observe(TokensGenerated(rid, inst, now, max(count, 1)))
-                            last_s = now
+                        on_tokens(max(count, 1), now)
                     upstream_done = True
                     await out.write_eof()
                 except (ConnectionResetError, asyncio.CancelledError):
@@ -307,8 +293,7 @@ class Gateway:
             now = self.now()
             err = f"{type(exc).__name__}: {exc}"
             observe(Failed(rid, inst, now, err))
-            if isinstance(exc, aiohttp.ClientConnectionError) and self.state.view().instances[inst].healthy:
-                observe(InstanceHealth(inst, now, False))
+            if isinstance(exc, aiohttp.ClientConnectionError) and self.drive.mark_down(inst):
                 self.metrics.healthy[inst] = 0
             self._epoch()
             if out is not None and out.prepared:  # the client already has part of the answer: no retry
@@ -337,26 +322,16 @@ class Gateway:
 
     # -- health ---------------------------------------------------------------------------
     async def _probe(self, i: int) -> bool:
-        try:
-            async with self.session.get(self.cfg.backends[i] + "/health",
-                                        timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+        return await probe_health(self.session, self.cfg.backends[i])
 
     async def _watch_health(self) -> None:
         n = len(self.cfg.backends)
         while True:
-            ok = await asyncio.gather(*(self._probe(i) for i in range(n)))
-            view = self.state.view()
-            changed = False
+            before = self.dispatcher.num_decisions
+            ok = await self.drive.check_health(self._probe, range(n))
+            self.metrics.decisions += self.dispatcher.num_decisions - before
             for i, good in enumerate(ok):
-                if good != view.instances[i].healthy:
-                    self.dispatcher.observe(InstanceHealth(i, self.now(), good))
-                    changed = True
                 self.metrics.healthy[i] = int(good)
-            if changed:
-                self._epoch()
             await asyncio.sleep(self.cfg.health_interval_s)
 
 

@@ -106,9 +106,9 @@ def parse_threshold(text: str) -> float:
     try:
         v = float(t)
     except ValueError:
-        raise CompareError(f"--max-regression: {text!r} is not a percentage like 3%") from None
+        raise CompareError(f"max_regression: {text!r} is not a percentage like 3%") from None
     if v < 0:
-        raise CompareError(f"--max-regression: {text!r} must be >= 0")
+        raise CompareError(f"max_regression: {text!r} must be >= 0")
     return v
 
 
@@ -117,7 +117,7 @@ def parse_pairs(items: Sequence[str]) -> list[tuple[str, str]]:
     for it in items:
         a, sep, b = it.partition("=")
         if not sep or not a.strip() or not b.strip():
-            raise CompareError(f"--pair: {it!r} is not BASELINE_ROUTER=CANDIDATE_ROUTER")
+            raise CompareError(f"pair: {it!r} is not BASELINE_ROUTER=CANDIDATE_ROUTER")
         out.append((a.strip(), b.strip()))
     return out
 
@@ -150,7 +150,7 @@ def compare_runs(baseline: str | Path, candidate: str | Path, metrics: Sequence[
                  num_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> Comparison:
     unknown = [m for m in metrics if m not in METRICS]
     if unknown:
-        raise CompareError(f"--metric: unknown metric(s) {', '.join(unknown)} "
+        raise CompareError(f"metric: unknown metric(s) {', '.join(unknown)} "
                            f"(known: {', '.join(METRICS)})")
     b_runs, c_runs = load_runs([baseline]), load_runs([candidate])
     b_vary, c_vary = varying_settings(b_runs.requests), varying_settings(c_runs.requests)
@@ -171,10 +171,10 @@ def compare_runs(baseline: str | Path, candidate: str | Path, metrics: Sequence[
     if pairs:
         for a, b in pairs:
             if a not in b_routers:
-                raise CompareError(f"--pair: router {a!r} not in baseline {baseline} "
+                raise CompareError(f"pair: router {a!r} not in baseline {baseline} "
                                    f"(has {', '.join(b_routers)})")
             if b not in c_routers:
-                raise CompareError(f"--pair: router {b!r} not in candidate {candidate} "
+                raise CompareError(f"pair: router {b!r} not in candidate {candidate} "
                                    f"(has {', '.join(c_routers)})")
         router_pairs = list(pairs)
     else:
@@ -185,7 +185,7 @@ def compare_runs(baseline: str | Path, candidate: str | Path, metrics: Sequence[
                             f"candidate {c_routers[0]}")
         if not router_pairs:
             raise CompareError(f"no router in both runs (baseline: {', '.join(b_routers)}; "
-                               f"candidate: {', '.join(c_routers)}); use --pair A=B")
+                               f"candidate: {', '.join(c_routers)}); pair them (A=B)")
     b_groups = b_df.partition_by(keys, as_dict=True, maintain_order=True)
     c_groups = c_df.partition_by(keys, as_dict=True, maintain_order=True)
     rows: list[Row] = []

@@ -1,7 +1,8 @@
 """Reading run directories for reports: lazy scans over many ``requests.parquet`` files.
 
-A run directory (written by ``lbbench run``) holds ``requests.parquet``, ``run.toml`` and,
-optionally, ``timeline.parquet`` (live runs: also the scraped ``metrics.parquet``). ``load_runs`` accepts run directories, directories that
+A run directory (written and read by ``lbbench.experiment.rundir``, whose file names this uses) holds
+``requests.parquet``, ``run.toml`` and, optionally, ``timeline.parquet`` (older live runs: the scraped
+``metrics.parquet``). ``load_runs`` accepts run directories, directories that
 contain run directories (one ``requests.parquet`` per sub-directory, any depth), or
 ``requests.parquet`` files, and returns one lazy frame over all of them with a ``run``
 column naming where each row came from.
@@ -24,10 +25,7 @@ import polars as pl
 SETTING_COLUMNS: tuple[str, ...] = ("profile", "workload", "num_instances", "instance_scheduler",
                                     "chunked_prefill", "order", "rate_per_s", "backend")
 
-REQUESTS_FILE = "requests.parquet"
-TIMELINE_FILE = "timeline.parquet"
-METRICS_FILE = "metrics.parquet"
-RUN_TOML = "run.toml"
+from ..experiment.rundir import METRICS_FILE, REQUESTS_FILE, RUN_TOML, TIMELINE_FILE, read_run_toml  # noqa: E402
 
 
 class RunDirError(ValueError):
@@ -104,13 +102,10 @@ def _labels(dirs: list[Path]) -> list[str]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    p = path / RUN_TOML
-    if not p.is_file():
-        return {}
     try:
-        return tomllib.loads(p.read_text())
+        return read_run_toml(path)
     except tomllib.TOMLDecodeError as exc:
-        raise RunDirError(f"{p}: not valid TOML: {exc}") from None
+        raise RunDirError(f"{path / RUN_TOML}: not valid TOML: {exc}") from None
 
 
 def load_runs(paths: Sequence[str | Path]) -> Runs:

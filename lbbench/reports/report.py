@@ -79,7 +79,7 @@ class Report:
             R.to_rich(self.tables, Console(file=buf, width=200, force_terminal=False),
                       self.preamble())
             return buf.getvalue()
-        raise ValueError(f"--format: unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+        raise ValueError(f"format: unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
 
 
 def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo: Slo | None = None,

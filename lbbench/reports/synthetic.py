@@ -119,14 +119,11 @@ def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None
     optionally ``timeline.parquet``) the way ``lbbench run`` lays it out."""
     from pathlib import Path
 
+    from ..experiment.rundir import RUN_TOML, write_tables
     from .summary import summarize
 
     out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    requests.write_parquet(out / "requests.parquet")
-    summarize(requests).write_parquet(out / "summary.parquet")
-    if timeline is not None:
-        timeline.write_parquet(out / "timeline.parquet")
+    write_tables(out, requests, timeline, summarize(requests))
     first = requests.row(0, named=True)
     lines = [f"# {note}",
              f"complete = {'true' if complete else 'false'}",
@@ -137,5 +134,5 @@ def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None
              f'backend = "{first.get("backend", "sim")}"']
     for k, v in (extra or {}).items():
         lines.append(f"{k} = {v!r}".replace("'", '"'))
-    (out / "run.toml").write_text("\n".join(lines) + "\n")
+    (out / RUN_TOML).write_text("\n".join(lines) + "\n")
     return out

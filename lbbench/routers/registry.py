@@ -59,5 +59,5 @@ def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile
     info = _REGISTRY.get(name)
     if info is None:
         known = ", ".join(sorted(_REGISTRY))
-        raise UnknownRouterError(f"--router: unknown router {name!r} (known: {known})")
+        raise UnknownRouterError(f"router: unknown router {name!r} (known: {known})")
     return info.factory(num_instances=num_instances, seed=seed, profile=profile, **options)

@@ -53,7 +53,7 @@ class ClusterSim:
                  decode_buckets: tuple[int, ...] | None = None,
                  prefix_caching: bool | None = None):
         if num_instances < 1:
-            raise ValueError("--instances must be >= 1")
+            raise ValueError("instances must be >= 1")
         self.profile = profile
         self.seed = seed
         self.run_id = run_id
@@ -232,10 +232,11 @@ class ClusterSim:
         self.now_s = max(self.now_s, until_s)
         self.state.now_s = max(self.state.now_s, self.now_s)
 
-    def run(self, router: Router, progress: Callable[[int, int], None] | None = None
-            ) -> list[RequestRecord]:
-        """Replay every request through ``router``; returns one record per request."""
-        self.router_name = router.name
+    def run(self, router: Router, progress: Callable[[int, int], None] | None = None,
+            label: str | None = None) -> list[RequestRecord]:
+        """Replay every request through ``router``; returns one record per request, whose ``router`` column is
+        ``label`` (default: the router's own name)."""
+        self.router_name = label or router.name
         self.dispatcher = Dispatcher(router, self.state)
         self._auto = True
         self._progress = progress

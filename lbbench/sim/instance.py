@@ -105,7 +105,7 @@ class SimInstance:
                  chunked_prefill: bool | None = None, check_invariants: bool = False,
                  skip_ahead: bool = True, prefix_caching: bool | None = None):
         if scheduler not in INSTANCE_SCHEDULERS:
-            raise ValueError(f"--instance-scheduler: unknown {scheduler!r} "
+            raise ValueError(f"instance_schedulers: unknown {scheduler!r} "
                              f"(choose from {', '.join(INSTANCE_SCHEDULERS)})")
         self.profile = profile
         self.index = index

@@ -110,13 +110,13 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
-            raise ValueError(f"--router: {self.variant!r} is not an RL variant "
+            raise ValueError(f"router: {self.variant!r} is not an RL variant "
                              f"(choose from {', '.join(VARIANTS)})")
         if self.guidance_schedule not in GUIDANCE_SCHEDULES:
-            raise ValueError(f"--guidance-schedule: {self.guidance_schedule!r} is not one of "
+            raise ValueError(f"guidance_schedule: {self.guidance_schedule!r} is not one of "
                              f"{', '.join(GUIDANCE_SCHEDULES)}")
         if self.discount not in DISCOUNTS:
-            raise ValueError(f"--discount: {self.discount!r} is not one of {', '.join(DISCOUNTS)}")
+            raise ValueError(f"discount: {self.discount!r} is not one of {', '.join(DISCOUNTS)}")
 
     def _fading(self) -> bool:
         return self.variant == "wgrl" and self.guidance_schedule == "fading"

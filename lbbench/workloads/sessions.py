@@ -85,7 +85,7 @@ def sessions(num_requests: int, rate_per_s: float, seed: int, spec: SessionSpec 
     """``num_requests`` requests of multi-turn sessions (ids in order of session start, then turn)."""
     spec = spec or SessionSpec()
     if spec.system + 2 > max_model_len:
-        raise WorkloadError(f"--workload: system prompt of {spec.system} tokens leaves no room in "
+        raise WorkloadError(f"workload: system prompt of {spec.system} tokens leaves no room in "
                             f"max_model_len {max_model_len}")
     rng_arr, rng_len, rng_think = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     user_len, out_len = LognormalLength.from_mean_cv(spec.user, 1.0), LognormalLength.from_mean_cv(spec.output, 1.0)

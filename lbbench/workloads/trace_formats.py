@@ -81,16 +81,16 @@ def parse_mapping(text: str) -> TraceMapping:
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not value:
-            raise TraceError(f"--mapping: expected KEY=COLUMN, got {part.strip()!r}")
+            raise TraceError(f"mapping: expected KEY=COLUMN, got {part.strip()!r}")
         if key not in MAPPING_KEYS:
-            raise TraceError(f"--mapping: unknown key {key!r} (keys: {', '.join(MAPPING_KEYS)})")
+            raise TraceError(f"mapping: unknown key {key!r} (keys: {', '.join(MAPPING_KEYS)})")
         if key in kw:
-            raise TraceError(f"--mapping: {key} given twice")
+            raise TraceError(f"mapping: {key} given twice")
         kw[key] = value
     if "unit" in kw and kw["unit"] not in TIME_UNITS:
-        raise TraceError(f"--mapping: unit must be one of {', '.join(TIME_UNITS)}, got {kw['unit']!r}")
+        raise TraceError(f"mapping: unit must be one of {', '.join(TIME_UNITS)}, got {kw['unit']!r}")
     if not kw:
-        raise TraceError("--mapping: empty")
+        raise TraceError("mapping: empty")
     return TraceMapping(**kw)
 
 
@@ -137,13 +137,13 @@ def resolve_mapping(path: Path, columns: list[str], fmt: str | None,
                     mapping: TraceMapping | None) -> tuple[str, TraceMapping]:
     """The format name and the full mapping to read ``path`` with."""
     if fmt is not None and fmt not in FORMAT_NAMES:
-        raise TraceError(f"--trace-format: unknown format {fmt!r} (choose from {', '.join(FORMAT_NAMES)})")
+        raise TraceError(f"trace_format: unknown format {fmt!r} (choose from {', '.join(FORMAT_NAMES)})")
     if fmt == "mapped" and mapping is None:
-        raise TraceError("--trace-format mapped needs --mapping arrival=COL,prompt=COL,output=COL")
+        raise TraceError("trace_format mapped needs --mapping arrival=COL,prompt=COL,output=COL")
     name = fmt if fmt is not None else detect_format(columns)
     if name is None and mapping is None:
         shown = ", ".join(columns[:12]) + (", ..." if len(columns) > 12 else "")
-        raise TraceError(f"{path}: unknown trace format (columns: {shown}); give --mapping "
+        raise TraceError(f"{path}: unknown trace format (columns: {shown}); give a mapping "
                          "arrival=COL,prompt=COL,output=COL[,unit=ms]")
     base = FORMATS.get(name or "mapped", TraceMapping())
     full = base.merged(mapping)
@@ -151,7 +151,7 @@ def resolve_mapping(path: Path, columns: list[str], fmt: str | None,
         name = "mapped"
     for key in ("arrival", "prompt", "output"):
         if getattr(full, key) is None:
-            raise TraceError(f"--mapping: {key}=COLUMN is required for {path}")
+            raise TraceError(f"mapping: {key}=COLUMN is required for {path}")
     present = set(columns)
     for key in ("arrival", "prompt", "output", "task", "hashes", "failed"):
         col = getattr(full, key)

@@ -35,12 +35,12 @@ def parse_window(text: str) -> tuple[float, float]:
     """``"START:END"`` (seconds; either side may be empty) -> ``(start_s, end_s)``."""
     start_text, sep, end_text = str(text).partition(":")
     if not sep:
-        raise TraceError(f"--window: expected START:END in seconds, got {text!r}")
+        raise TraceError(f"window: expected START:END in seconds, got {text!r}")
     try:
         start = float(start_text) if start_text.strip() else 0.0
         end = float(end_text) if end_text.strip() else math.inf
     except ValueError:
-        raise TraceError(f"--window: expected START:END in seconds, got {text!r}") from None
+        raise TraceError(f"window: expected START:END in seconds, got {text!r}") from None
     _check_window((start, end))
     return start, end
 
@@ -48,7 +48,7 @@ def parse_window(text: str) -> tuple[float, float]:
 def _check_window(window: tuple[float, float]) -> None:
     start, end = window
     if math.isnan(start) or math.isnan(end) or start < 0 or not end > start:
-        raise TraceError(f"--window: need 0 <= START < END, got {start}:{end}")
+        raise TraceError(f"window: need 0 <= START < END, got {start}:{end}")
 
 
 def transform_trace(tf: TraceFrame, *, time_scale: float | None = None, rate: float | None = None,
@@ -57,17 +57,17 @@ def transform_trace(tf: TraceFrame, *, time_scale: float | None = None, rate: fl
                     drop_failed: bool = True) -> TraceFrame:
     """Apply the transforms (see the module docstring) and return a new ``TraceFrame``."""
     if time_scale is not None and rate is not None:
-        raise TraceError("--time-scale and --rate both set the replay speed; give only one")
+        raise TraceError("time_scale: both it and the rate set the replay speed; give only one")
     if time_scale is not None and not (math.isfinite(time_scale) and time_scale > 0):
-        raise TraceError(f"--time-scale: must be > 0, got {time_scale}")
+        raise TraceError(f"time_scale: must be > 0, got {time_scale}")
     if rate is not None and not (math.isfinite(rate) and rate > 0):
-        raise TraceError(f"--rate: must be > 0 requests per second, got {rate}")
+        raise TraceError(f"rate_per_s: must be > 0 requests per second, got {rate}")
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
-        raise TraceError(f"--max-prompt-tokens: must be >= 1, got {max_prompt_tokens}")
+        raise TraceError(f"max_prompt_tokens: must be >= 1, got {max_prompt_tokens}")
     if prompt_overflow not in PROMPT_OVERFLOW_MODES:
-        raise TraceError(f"--prompt-overflow: must be filter or truncate, got {prompt_overflow!r}")
+        raise TraceError(f"prompt_overflow: must be filter or truncate, got {prompt_overflow!r}")
     if requests is not None and requests < 1:
-        raise TraceError(f"--requests: must be >= 1, got {requests}")
+        raise TraceError(f"requests: must be >= 1, got {requests}")
 
     df = tf.frame
     if drop_failed:

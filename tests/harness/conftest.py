@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lbbench.core import Request
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig, zero_latency_profile
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, zero_latency_profile
 from lbbench.profiles import load_profile
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from lbbench.cli import main
-from lbbench.harness.emulator import free_port
+from lbbench.engines.vllm.emulator import free_port
 
 FAKE = str(Path(__file__).with_name("fake_vllm_server.py"))
 

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from lbbench.harness.metrics import parse_metrics
+from lbbench.live.metrics import parse_metrics
 
 
 def _post(url: str, body: dict) -> tuple[int, bytes]:
@@ -75,7 +75,7 @@ def test_bad_requests_get_http_errors(a100_fleet):
 
 
 def test_kill_endpoint_only_when_allowed(a100_fleet):
-    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
     from lbbench.profiles import load_profile
 
     assert _post(a100_fleet.endpoints[0] + "/lbbench/kill", {})[0] == 404

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from lbbench.cli import main
 from lbbench.core import Request
 from lbbench.engines import SGLANG, VLLM, UnknownEngineError, get_engine
-from lbbench.harness.http import request_body
-from lbbench.harness.metrics import parse_metrics
+from lbbench.live.http import request_body
+from lbbench.live.metrics import parse_metrics
 
 SGLANG_PAGE = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -46,10 +46,10 @@ def test_request_fields_per_engine():
 
 def test_engine_names():
     assert get_engine(None) is VLLM and get_engine("SGLang") is SGLANG and get_engine(SGLANG) is SGLANG
-    with pytest.raises(UnknownEngineError, match="--engine tgi: unknown engine"):
+    with pytest.raises(UnknownEngineError, match="^engine tgi: unknown engine"):
         get_engine("tgi")
 
 
 def test_engine_flag_needs_endpoints():
     res = CliRunner().invoke(main, ["run", "--engine", "sglang", "--requests", "5"])
-    assert res.exit_code == 2 and "--engine sglang: only with --endpoint" in res.output
+    assert res.exit_code == 2 and "--engine: sglang: only for attached endpoints" in res.output

@@ -15,7 +15,7 @@ import pytest
 SCRIPT = textwrap.dedent("""
     import json, sys
     from lbbench.core import Request
-    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
     from lbbench.harness.replay import run_replay
     from lbbench.profiles import load_profile
     from lbbench.routers import get_router

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lbbench.harness.emulator import free_port, free_port_range
-from lbbench.harness.launcher import LaunchError, cpu_executor_for, launch, split_cores
+from lbbench.engines.vllm.emulator import free_port, free_port_range
+from lbbench.engines.vllm.launcher import LaunchError, cpu_executor_for, launch, split_cores
 
 FAKE = str(Path(__file__).with_name("fake_vllm_server.py"))
 
@@ -108,7 +108,7 @@ def test_health_timeout(tmp_path, pid_file):
 def test_sigterm_to_the_launching_process_tears_everything_down(tmp_path, pid_file):
     script = textwrap.dedent(f"""
         import sys, time
-        from lbbench.harness.launcher import launch
+        from lbbench.engines.vllm.launcher import launch
         with launch("m", 2, log_dir={str(tmp_path)!r}, port_base={free_port_range(2)}, health_timeout_s=30,
                     command=[sys.executable, {FAKE!r}], stop_grace_s=2) as urls:
             print("ready", flush=True)
@@ -140,13 +140,13 @@ def test_busy_port_is_a_clear_error(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(LaunchError, match=rf"--port-base {port}: port {port} is already in use"):
+        with pytest.raises(LaunchError, match=rf"^port_base {port}: port {port} is already in use"):
             with launch("m", 1, log_dir=tmp_path, port_base=port, command=[sys.executable, FAKE]):
                 pass
 
 
 def test_one_server_per_gpu_pinned_to_it(tmp_path, pid_file, monkeypatch):
-    import lbbench.harness.launcher as launcher
+    import lbbench.engines.vllm.launcher as launcher
 
     monkeypatch.setattr(launcher, "visible_gpus", lambda: ["2", "5"])
     with launch("org/model", None, log_dir=tmp_path, port_base=free_port_range(2), health_timeout_s=30,
@@ -158,13 +158,13 @@ def test_one_server_per_gpu_pinned_to_it(tmp_path, pid_file, monkeypatch):
         assert "env VLLM_CPU_OMP_THREADS_BIND=None" in log
         assert "--enforce-eager" not in log
         assert "serve org/model --host" in log  # `vllm serve MODEL`: positional
-    with pytest.raises(LaunchError, match="--instances 3: only 2 GPU"):
+    with pytest.raises(LaunchError, match="^instances 3: only 2 GPU"):
         with launch("m", 3, log_dir=tmp_path, command=[sys.executable, FAKE]):
             pass
 
 
 def test_cpu_servers_split_the_cores(tmp_path, pid_file, monkeypatch):
-    import lbbench.harness.launcher as launcher
+    import lbbench.engines.vllm.launcher as launcher
 
     monkeypatch.setattr(launcher, "visible_gpus", lambda: [])
     monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
@@ -180,7 +180,7 @@ def test_cpu_servers_split_the_cores(tmp_path, pid_file, monkeypatch):
 
 
 def test_one_core_per_cpu_instance_runs_the_model_in_the_engine_core(tmp_path, pid_file, monkeypatch):
-    import lbbench.harness.launcher as launcher
+    import lbbench.engines.vllm.launcher as launcher
 
     monkeypatch.setattr(launcher, "visible_gpus", lambda: [])
     monkeypatch.setattr(launcher.os, "sched_getaffinity", lambda pid: {0, 1})

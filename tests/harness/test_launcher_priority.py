@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lbbench.harness.launcher import deprioritize_workers
+from lbbench.engines.vllm.launcher import deprioritize_workers
 
 NAMED = ("import ctypes, time; ctypes.CDLL(None).prctl(15, b'VLLM::Worker', 0, 0, 0); time.sleep(30)")
 

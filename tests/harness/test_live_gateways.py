@@ -21,8 +21,8 @@ from click.testing import CliRunner
 
 from harness.test_live_vllm import _vllm_python_or_skip
 from lbbench.cli import main
-from lbbench.harness.emulator import free_port, free_port_range
-from lbbench.harness.launcher import launch
+from lbbench.engines.vllm.emulator import free_port, free_port_range
+from lbbench.engines.vllm.launcher import launch
 
 pytestmark = pytest.mark.live
 GATEWAYS = Path(__file__).resolve().parents[2] / ".venv-gateways" / "bin"

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from lbbench.core import Request
-from lbbench.harness.emulator import free_port_range
-from lbbench.harness.launcher import find_vllm_python, launch
+from lbbench.engines.vllm.emulator import free_port_range
+from lbbench.engines.vllm.launcher import find_vllm_python, launch
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from lbbench.core import Request
 from lbbench.profiles import load_profile
-from lbbench.harness.emulator import free_port
+from lbbench.engines.vllm.emulator import free_port
 from lbbench.harness.replay import (PARTIAL_RECORDS, EndpointError, check_endpoints, normalize_endpoint,
                                     run_replay)
 from lbbench.routers import get_router
@@ -96,7 +96,7 @@ def test_chat_api_and_text_prompts(a100_fleet):
 
 
 def test_killed_instance_fails_its_in_flight_requests_and_the_run_goes_on(tmp_path, make_requests):
-    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
     from lbbench.profiles import load_profile
 
     reqs = make_requests(240, 80.0, seed=2, output=(60, 120))
@@ -137,7 +137,7 @@ def test_killed_instance_fails_its_in_flight_requests_and_the_run_goes_on(tmp_pa
 
 def test_unreachable_endpoint_is_a_clear_error():
     port = free_port()
-    with pytest.raises(EndpointError, match=rf"^--endpoint http://127.0.0.1:{port}: unreachable"):
+    with pytest.raises(EndpointError, match=rf"^endpoint http://127.0.0.1:{port}: unreachable"):
         check_endpoints([f"http://127.0.0.1:{port}"])
     with pytest.raises(EndpointError, match="unreachable"):
         run_replay([Request(0, 0.0, 4, 4)], get_router("round_robin", num_instances=1, seed=0),
@@ -193,7 +193,7 @@ def test_deferral_epochs_and_planned_send_time(a100_fleet):
 
 
 def test_requests_fail_cleanly_when_every_instance_is_down():
-    from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+    from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
     from lbbench.profiles import load_profile
 
     reqs = [Request(i, 0.05 * i, 16, 200) for i in range(30)]  # 1.5 s of arrivals, long outputs

@@ -6,7 +6,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbbench.harness.http import _count_tokens, event_tokens
+from lbbench.live.http import _count_tokens, event_tokens
 
 
 def test_token_ids_and_text_chunks():

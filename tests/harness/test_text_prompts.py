@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.core import Request
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig, free_port
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, free_port
 from lbbench.harness.text_prompts import accepts_token_ids, exact_text, texts_for
 from lbbench.profiles import load_profile
 

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbench.core import Request
-from lbbench.harness.http import (DEFAULT_TOKEN_ID_RANGE, PREFIX_BLOCK_TOKENS, StreamResult, prompt_token_ids,
+from lbbench.live.http import (DEFAULT_TOKEN_ID_RANGE, PREFIX_BLOCK_TOKENS, StreamResult, prompt_token_ids,
                                   request_body)
-from lbbench.harness.metrics import parse_metrics, render_metrics
+from lbbench.live.metrics import parse_metrics, render_metrics
 
 
 @settings(max_examples=60, deadline=None)

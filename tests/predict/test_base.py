@@ -95,7 +95,7 @@ def test_load_predictor_specs():
     p = load_predictor("noisy:0.8", seed=3)
     assert isinstance(p, NoisyPredictor) and p.accuracy == 0.8 and p.seed == 3
     for bad in ("nope", "noisy:x", "noisy:1.5", "text:", "oracle:3", "", "text:d?colour=red", "text:d?model"):
-        with pytest.raises(PredictorSpecError, match="--predictor"):
+        with pytest.raises(PredictorSpecError, match="^predictor"):
             load_predictor(bad)
 
 

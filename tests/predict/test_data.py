@@ -43,7 +43,7 @@ def test_native_jsonl_errors_name_file_and_row(tmp_path, line, msg):
 
 
 def test_missing_path_and_unknown_format(tmp_path):
-    with pytest.raises(DataError, match="--data"):
+    with pytest.raises(DataError, match="^data"):
         load_corpus(tmp_path / "nope.jsonl")
     (tmp_path / "x.txt").write_text("hello")
     with pytest.raises(DataError, match="no file in a known format"):

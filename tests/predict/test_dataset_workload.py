@@ -24,7 +24,7 @@ def test_dataset_workload_clips_to_context(tiny_corpus):
 
 
 def test_bad_arguments(tiny_corpus):
-    with pytest.raises(ValueError, match="--rate"):
+    with pytest.raises(ValueError, match="^rate_per_s"):
         dataset_workload(tiny_corpus, 10, 0.0)
     with pytest.raises(DataError):
         requests_from_examples([], 10, 1.0)

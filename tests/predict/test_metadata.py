@@ -31,5 +31,5 @@ def test_metadata_learns_task_lengths_and_roundtrips(tiny_corpus, tmp_path, esti
 def test_metadata_load_errors(tmp_path):
     from lbbench.predict import PredictorSpecError
 
-    with pytest.raises(PredictorSpecError, match="--predictor metadata:"):
+    with pytest.raises(PredictorSpecError, match="^predictor metadata:"):
         load_predictor(f"metadata:{tmp_path}")

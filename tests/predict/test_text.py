@@ -94,7 +94,7 @@ def test_eval_cli_on_unseen_rows(tiny_model, tmp_path, rows_factory):
 def test_load_errors(tmp_path):
     from lbbench.predict import PredictorSpecError
 
-    with pytest.raises(PredictorSpecError, match="--predictor text:"):
+    with pytest.raises(PredictorSpecError, match="^predictor text:"):
         load_predictor(f"text:{tmp_path}")
 
 

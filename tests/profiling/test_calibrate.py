@@ -12,7 +12,7 @@ import tomli_w
 from click.testing import CliRunner
 
 from lbbench.cli import main
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.profiles import load_profile
 from lbbench.profiling.calibrate import Calibration, CalibrationError, calibrated_toml, fit, scaled
 from lbbench.profiling.fidelity import stats

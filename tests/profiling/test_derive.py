@@ -109,7 +109,7 @@ def test_cli_derive_writes_a_loadable_profile(tmp_path):
     (["--model", "nope", "--gpu", "a100-80gb"], "not a shipped config"),
     (["--model", "llama-3.1-8b", "--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'"),
     (["--model", "llama-2-7b", "--gpu", "v100", "--dtype", "bf16"], "no bf16"),
-    (["--model", "llama-3.1-8b", "--gpu", "l4", "--max-model-len", "200000"], "max_model_len"),
+    (["--model", "llama-3.1-8b", "--gpu", "l4", "--max-model-len", "200000"], "--max-model-len 200000 exceeds"),
 ])
 def test_cli_derive_bad_input_one_line_exit_2(tmp_path, args, message):
     res = CliRunner().invoke(main, ["profile", "derive", *args, "--out", str(tmp_path / "x.toml")])

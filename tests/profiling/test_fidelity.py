@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.core import RequestRecord
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.profiles import load_profile
 from lbbench.profiling.fidelity import compare, e2e_mape_pct, kendall_tau
 

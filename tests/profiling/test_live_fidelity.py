@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from harness.test_live_vllm import _vllm_python_or_skip
 from lbbench.cli import main
-from lbbench.harness.emulator import free_port_range
+from lbbench.engines.vllm.emulator import free_port_range
 from lbbench.profiles import load_profile
 
 pytestmark = pytest.mark.live

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.cli.profile import write_profile_toml
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.profiles import load_profile
 from lbbench.profiling.measure import (EngineInfo, Measurement, MeasureError, Observation, fit_profile,
                                        fit_step_model)
@@ -70,7 +70,7 @@ def test_too_few_points_is_an_error():
 
 
 def test_measure_refuses_an_endpoint_that_is_not_vllm(tmp_path):
-    from lbbench.harness.emulator import free_port
+    from lbbench.engines.vllm.emulator import free_port
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     res = CliRunner().invoke(main, ["profile", "measure", "--endpoint", url, "--out", str(tmp_path / "m.toml")])
     assert res.exit_code == 2
@@ -123,7 +123,7 @@ def test_measure_both_chunked_settings_launches_each_and_writes_two_profiles(tmp
     token budget, as vLLM requires."""
     import contextlib
 
-    import lbbench.harness.launcher as launcher
+    import lbbench.engines.vllm.launcher as launcher
     from lbbench.profiling import measure
 
     calls = []

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from harness.conftest import poisson_requests
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.harness.replay import run_replay
 from lbbench.profiles import load_profile
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig, prompt_tokens_of

@@ -7,8 +7,8 @@ import pytest
 
 from harness.conftest import poisson_requests
 from harness.test_live_vllm import _vllm_python_or_skip
-from lbbench.harness.emulator import free_port_range
-from lbbench.harness.launcher import launch
+from lbbench.engines.vllm.emulator import free_port_range
+from lbbench.engines.vllm.launcher import launch
 from lbbench.harness.replay import run_replay
 from lbbench.harness.text_prompts import endpoint_counter, prompt_length_mismatches, texts_for
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig

@@ -88,7 +88,7 @@ def test_render_formats(v100_run):
     assert {r["router"] for r in doc["tables"]["main"]} == {"round_robin", "jsq", "random"}
     text = rep.render("table")
     assert "Latency detail" in text and "round_robin" in text
-    with pytest.raises(ValueError, match="--format"):
+    with pytest.raises(ValueError, match="^format"):
         rep.render("pdf")
 
 

@@ -38,9 +38,9 @@ def test_other_variants_keep_gamma():
     assert RewardConfig("baseline_rl", gamma=0.99).guidance_weight(0) == 0.0
     for v in ("wa_rl", "baseline_rl"):
         assert RewardConfig(v, gamma=0.99).td_discount(0) == 0.99
-    with pytest.raises(ValueError, match="--guidance-schedule"):
+    with pytest.raises(ValueError, match="^guidance_schedule"):
         RewardConfig("wgrl", guidance_schedule="nope")
-    with pytest.raises(ValueError, match="--discount"):
+    with pytest.raises(ValueError, match="^discount"):
         RewardConfig("wgrl", discount="nope")
 
 

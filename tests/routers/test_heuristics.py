@@ -17,7 +17,7 @@ def test_registry_lists_paper_routers():
     names = available_routers()
     for n in HEURISTICS:
         assert n in names and names[n]
-    with pytest.raises(UnknownRouterError, match="--router"):
+    with pytest.raises(UnknownRouterError, match="^router"):
         get_router("nope", num_instances=2)
 
 

@@ -13,9 +13,9 @@ import polars as pl
 from click.testing import CliRunner
 
 from lbbench.cli import main
-from lbbench.harness.emulator import EmulatorFleet, FleetConfig
-from lbbench.harness.http import request_body
-from lbbench.harness.launcher import server_args
+from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
+from lbbench.live.http import request_body
+from lbbench.engines.vllm.launcher import server_args
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
 from lbbench.routers.priority import request_priority

@@ -83,7 +83,7 @@ def test_unknown_workload_lists_sessions():
 
 
 def test_live_prompts_repeat_the_earlier_turn_token_for_token():
-    from lbbench.harness.http import prompt_token_ids
+    from lbbench.live.http import prompt_token_ids
     reqs = sessions(200, 10.0, seed=2, spec=SessionSpec(turns=4, system=100, block=16))
     by = {(r.session_id, r.turn): r for r in reqs}
     pairs = [(r, by[(r.session_id, r.turn + 1)]) for r in reqs if (r.session_id, r.turn + 1) in by]

@@ -94,7 +94,7 @@ def test_canonical_formats(tmp_path, suffix):
 def test_mapped_csv_with_unit(tmp_path):
     text = "ts_ms,model,in,out\n1000,x,5,7\n3500,y,6,8\n"
     path = write(tmp_path, "custom.csv", text)
-    with pytest.raises(TraceError, match="--mapping"):
+    with pytest.raises(TraceError, match="give a mapping arrival=COL"):
         read_trace(path)
     tf = read_trace(path, mapping="arrival=ts_ms,prompt=in,output=out,task=model,unit=ms")
     assert tf.format == "mapped"

@@ -79,7 +79,7 @@ def split_cores(cores: Sequence[int], instances: int) -> list[str]:
     if not cores:
         raise LaunchError("no CPU cores available")
     if instances <= 0:
-        raise LaunchError("--instances must be >= 1")
+        raise LaunchError("instances must be >= 1")
     if len(cores) < instances:
         return [str(cores[i % len(cores)]) for i in range(instances)]
     out = []
@@ -103,7 +103,7 @@ def find_vllm_python(vllm_python: str | None = None) -> str | None:
     ``.venv-vllm`` in the working directory or the source tree; None if none exists."""
     if vllm_python:
         if not (Path(vllm_python).is_file() and os.access(vllm_python, os.X_OK)):
-            raise LaunchError(f"--vllm-python: not an executable file: {vllm_python}")
+            raise LaunchError(f"vllm_python: not an executable file: {vllm_python}")
         return vllm_python
     env = os.environ.get("LBBENCH_VLLM_PYTHON")
     if env:
@@ -151,11 +151,11 @@ def resolve_model(model: str, vllm_python: str | None) -> tuple[str, str]:
         from . import tiny_model
         py = find_vllm_python(vllm_python)
         if py is None:
-            raise LaunchError("--launch tiny: needs transformers here or a vLLM environment") from None
+            raise LaunchError("launch_model tiny: needs transformers here or a vLLM environment") from None
         out = subprocess.run([py, tiny_model.__file__, str(tiny_model.cache_dir())],
                              capture_output=True, text=True)
         if out.returncode != 0:
-            raise LaunchError(f"--launch tiny: could not create the tiny model: {out.stderr[-500:]}")
+            raise LaunchError(f"launch_model tiny: could not create the tiny model: {out.stderr[-500:]}")
         return out.stdout.strip().splitlines()[-1], TINY_NAME
 
 
@@ -185,7 +185,7 @@ def _check_port_free(port: int, flag_port: int) -> None:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
-            raise LaunchError(f"--port-base {flag_port}: port {port} is already in use") from None
+            raise LaunchError(f"port_base {flag_port}: port {port} is already in use") from None
 
 
 def _health_ok(url: str) -> bool:
@@ -271,9 +271,9 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     if instances is None:
         instances = max(1, len(gpus))
     if instances < 1:
-        raise LaunchError("--instances must be >= 1")
+        raise LaunchError("instances must be >= 1")
     if gpus and instances > len(gpus):
-        raise LaunchError(f"--instances {instances}: only {len(gpus)} GPU(s) visible "
+        raise LaunchError(f"instances {instances}: only {len(gpus)} GPU(s) visible "
                           f"({','.join(gpus)})")
     cpu = not gpus
     log_dir = Path(log_dir)

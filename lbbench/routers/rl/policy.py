@@ -91,14 +91,14 @@ class QPolicy:
         if p.is_dir():
             p = p / POLICY_FILE
         if not p.is_file():
-            raise CheckpointError(f"--checkpoint: no {POLICY_FILE} at {p.parent}")
+            raise CheckpointError(f"checkpoint: no {POLICY_FILE} at {p.parent}")
         try:
             with np.load(p, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 n = sum(1 for k in z.files if k.startswith("w"))
                 weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
         except (OSError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"--checkpoint: {p} is not a policy file: {exc}") from None
+            raise CheckpointError(f"checkpoint: {p} is not a policy file: {exc}") from None
         return cls(weights, meta)
 
 
@@ -124,7 +124,7 @@ def shipped_checkpoint(variant: str, profile_name: str, num_instances: int,
             return d
     have = sorted(p.parent.name for p in (SHIPPED_DIR / variant).glob(f"*/{POLICY_FILE}"))
     raise CheckpointError(
-        f"--router {variant}: no shipped checkpoint for profile {profile_name!r} with "
+        f"router {variant}: no shipped checkpoint for profile {profile_name!r} with "
         f"{num_instances} instances (shipped: {', '.join(have) or 'none'}); train one with "
         f"`lbbench train --router {variant} --profile {profile_name} --instances {num_instances} "
         "[--trace FILE | --workload W] --predictor SPEC --out DIR` and pass --checkpoint DIR")
@@ -142,22 +142,22 @@ class RLRouter:
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
-                raise CheckpointError(f"--router {self.variant}: needs --profile or --checkpoint")
+                raise CheckpointError(f"router {self.variant}: needs --profile or --checkpoint")
             checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload)
         self.policy = QPolicy.load(checkpoint)
         meta = self.policy.meta
         trained = meta.get("variant")
         if trained is not None and trained != self.variant:
-            raise CheckpointError(f"--checkpoint {checkpoint}: trained for {trained}, not {self.variant} "
+            raise CheckpointError(f"checkpoint {checkpoint}: trained for {trained}, not {self.variant} "
                                   "(pass each RL router its own checkpoint)")
         if int(meta.get("num_instances", -1)) != num_instances:
             raise CheckpointError(
-                f"--checkpoint {checkpoint}: trained for {meta.get('num_instances')} instances, "
+                f"checkpoint {checkpoint}: trained for {meta.get('num_instances')} instances, "
                 f"the run has {num_instances}")
         self.spec = FeatureSpec.from_dict(meta["feature_spec"])
         self.featurize = Featurizer(self.spec)
         if self.policy.obs_dim != self.spec.obs_dim or self.policy.num_actions != num_instances + 1:
-            raise CheckpointError(f"--checkpoint {checkpoint}: network shape "
+            raise CheckpointError(f"checkpoint {checkpoint}: network shape "
                                   f"{self.policy.obs_dim}->{self.policy.num_actions} does not fit "
                                   f"{num_instances} instances")
         self.max_defer_s = meta.get("max_defer_s")
@@ -166,7 +166,7 @@ class RLRouter:
             self._low = np.asarray(meta["obs_low"], np.float32) - ood_margin
             self._high = np.asarray(meta["obs_high"], np.float32) + ood_margin
             if self._low.shape != (self.spec.obs_dim,) or self._high.shape != (self.spec.obs_dim,):
-                raise CheckpointError(f"--checkpoint {checkpoint}: state range does not fit the network")
+                raise CheckpointError(f"checkpoint {checkpoint}: state range does not fit the network")
         mix = meta.get("mixing") or {}
         if mix:
             self.mixing = MixingParams(mix["grad1"], mix["grad2"], mix["epsilon"], mix["alpha"])

@@ -1,0 +1,353 @@
+"""``lbbench run``: flags -> ``RunConfig`` -> ``run_experiment`` -> a table.
+
+Everything a run does is the library's (``lbbench.experiment``): this module only turns flags into the typed
+config, draws progress, and renders the summary. Simulated and live runs take the same path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, run_experiment, to_json
+from .main import _parse_value, _read_endpoints_file, _split_csv, err_console
+
+
+def _trace_options_decorator(f: Any) -> Any:
+    try:
+        from .trace import trace_transform_options
+    except ImportError:  # pragma: no cover - trace readers are part of the package
+        return f
+    return trace_transform_options(f)
+
+
+def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
+    """``DIR`` (for the one learned router in --router) or ``ROUTER=DIR,ROUTER=DIR``."""
+    learned = [r for r in routers if r.endswith("_rl") or r == "wgrl"]
+    if "=" not in value:
+        if len(learned) != 1:
+            raise ConfigError(f"--checkpoint {value}: give ROUTER=DIR for each of {', '.join(learned) or 'no'} "
+                              "learned routers in --router")
+        return {learned[0]: {"checkpoint": value}}
+    out: dict[str, dict[str, Any]] = {}
+    for part in _split_csv(value):
+        name, eq, path = part.partition("=")
+        if not eq or name not in routers:
+            raise ConfigError(f"--checkpoint {part!r}: expected ROUTER=DIR with ROUTER in --router")
+        out[name] = {"checkpoint": path}
+    return out
+
+
+
+def _chunked(value: str) -> list[bool | None]:
+    return {"on": [True], "off": [False], "both": [False, True], "profile": [None]}[value]
+
+
+class _RichReporter(Reporter):
+    """Progress bars on stderr: one for the run, one for the unit running now."""
+
+    def __init__(self, progress: Progress, total: int):
+        self.progress = progress
+        self.overall = progress.add_task("runs", total=total)
+        self.current = progress.add_task("", total=1, visible=False)
+
+    def unit_started(self, label: str, total: int) -> None:
+        self.progress.update(self.current, description=f"  {label}", completed=0, total=total, visible=True)
+
+    def unit_progress(self, label: str, done: int, total: int) -> None:
+        if done % 50 == 0 or done == total:
+            self.progress.update(self.current, completed=done, total=total)
+
+    def unit_finished(self, label: str) -> None:
+        self.progress.advance(self.overall)
+
+    def note(self, message: str, warning: bool = False) -> None:
+        self.progress.console.print(f"[yellow]warning: {message}[/yellow]" if warning else message,
+                                    highlight=False, soft_wrap=True)
+
+
+def config_from_flags(kw: dict[str, Any]) -> RunConfig:
+    """The ``RunConfig`` the flags ask for (flag syntax is checked here, values by ``RunConfig.check``)."""
+    trace_opts: dict[str, Any] = {}
+    try:
+        from .trace import split_trace_options
+        read, transform = split_trace_options(kw)
+        trace_opts = {**read, **transform}
+    except ImportError:  # pragma: no cover
+        pass
+    routers = _split_csv(kw["routers"])
+    rates = _rates(kw["rate"])
+    endpoints = list(kw["endpoints"])
+    if kw["endpoints_file"]:
+        endpoints += _read_endpoints_file(kw["endpoints_file"])
+    router_options: dict[str, Any] = {}
+    if kw["checkpoint"]:
+        router_options = _checkpoints(kw["checkpoint"], routers)
+    for opt in kw["router_opts"]:
+        name, _, rest = opt.partition(".")
+        key, eq, value = rest.partition("=")
+        if not (name and key and eq):
+            raise ConfigError(f"--router-opt {opt!r}: expected ROUTER.KEY=VALUE")
+        router_options.setdefault(name, {})[key] = _parse_value(value)
+    return RunConfig(
+        profile=kw["profile"], instances=kw["instances"], workload=kw["workload"], trace=kw["trace"],
+        trace_options=trace_opts, rate_per_s=None if rates or kw["trace"] else 20.0, rates=rates,
+        requests=kw["requests"], routers=routers, router_options=router_options,
+        instance_schedulers=_split_csv(kw["instance_scheduler"]), chunked_prefill=_chunked(kw["chunked_prefill"]),
+        orders=[None] if kw["order"] is None else _split_csv(kw["order"]),
+        seeds=kw["seeds"], seed=kw["seed"], burstiness=kw["burstiness"], predictor=kw["predictor"],
+        prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
+        timeline_interval_s=kw["timeline_interval"] or None, slo=_slo(kw["slo"]),
+        prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
+        jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
+        endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
+        engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
+        vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
+    )
+
+
+@click.command("run")
+@click.option("--profile", default="llama2-7b-v100", show_default=True,
+              help="Profile name (see `lbbench profiles`) or path to a profile TOML.")
+@click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Number of instances (simulated or launched).")
+@click.option("--workload", default="paper-mix", show_default=True,
+              help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | shared-prefix[:K=V,...] | "
+                   "dataset:FILE.jsonl (ignored with --trace).")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Replay a trace file (Parquet/CSV/JSONL: canonical, Azure, BurstGPT, Mooncake).")
+@click.option("--rate", default=None, metavar="RATE[,RATE...]",
+              help="Mean arrival rate in requests/s (default 20; with --trace: rescale to this rate). "
+                   "Several, comma-separated, run a load sweep: one run per rate, in parallel processes.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Processes for a load sweep (default: one per rate, at most the CPU count).")
+@click.option("--slo", default=None, metavar="ttft=S,tbt=S,e2e=S",
+              help="Latency limits (seconds) for goodput: requests/s that met every limit, and their share.")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Requests per run (default 2000; 3000 for paper-classes; all of a trace).")
+@click.option("--router", "routers", default="round_robin", show_default=True,
+              help="Comma-separated routers run side by side (see `lbbench routers`).")
+@click.option("--instance-scheduler", default="fcfs", show_default=True,
+              help="Comma-separated instance-level schedulers: fcfs, bin_packing, least_work_left.")
+@click.option("--chunked-prefill", type=click.Choice(["profile", "on", "off", "both"]), default="profile",
+              show_default=True, help="Chunked prefill; `both` runs each variant.")
+@click.option("--prefix-caching", type=click.Choice(["profile", "on", "off"]), default="profile",
+              show_default=True, help="Automatic prefix caching in the simulated instances "
+                                      "(profile: its kv.enable_prefix_caching, off unless set).")
+@click.option("--order", default=None,
+              help="paper-classes arrival order (default: all four): lh_hl_random, all_random, "
+                   "lh_then_hl, hl_then_lh.")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Number of paired seeds (every router sees the same arrivals per seed).")
+@click.option("--seed", type=int, default=0, show_default=True, help="First seed.")
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Coefficient of variation of inter-arrival times (1 = Poisson; gamma otherwise).")
+@click.option("--prompt-tokens", default="128", show_default=True,
+              help="poisson workload: prompt length, N or MEAN:CV (lognormal).")
+@click.option("--output-tokens", default="128", show_default=True,
+              help="poisson workload: output length, N or MEAN:CV (lognormal).")
+@click.option("--predictor", default="oracle", show_default=True,
+              help="Output-length predictor for length-aware routers: oracle | bucket_oracle | "
+                   "noisy:ACC | text:DIR | metadata:DIR.")
+@click.option("--checkpoint", default=None,
+              help="Checkpoint directory for a learned router (wgrl, ...), or ROUTER=DIR[,ROUTER=DIR] for several.")
+@click.option("--router-opt", "router_opts", multiple=True, metavar="ROUTER.KEY=VALUE",
+              help="A router parameter, e.g. late_binding_srpt.max_wait_s=600 (repeatable).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory (default runs/<timestamp>-<workload>).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--endpoint", "endpoints", multiple=True,
+              help="Attach to a running OpenAI-compatible server (repeat per instance).")
+@click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), default=None,
+              help="File with one endpoint URL per line.")
+@click.option("--launch", "launch_model", default=None,
+              help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
+@click.option("--model", default=None, help="Model name to request from endpoints (default: the first served).")
+@click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="Live runs: the endpoints' engine, for its request fields (exact lengths, token counts) and the "
+                   "metric names the timeline and the routers read (lbbench/engines/).")
+@click.option("--prompt-mode", type=click.Choice(["auto", "ids", "text"]), default="auto", show_default=True,
+              help="Live runs: send prompts as token ids (exact; vLLM) or as text built to the exact length "
+                   "(gateways that take only text); auto: ids unless the endpoint refuses them.")
+@click.option("--tokenizer", default=None,
+              help="Text prompts: a local tokenizer (tokenizer.json or a Hugging Face directory), or a backend's URL "
+                   "whose /tokenize to use, to make lengths exact; default: the endpoint's /tokenize, else "
+                   "approximate lengths with a warning.")
+@click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True,
+              help="Live runs: seconds before a request is recorded as failed.")
+@click.option("--timeline-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
+@_trace_options_decorator
+def run_cmd(**kw: Any) -> None:
+    """Replay a workload through routers on a simulated or live cluster.
+
+    \b
+    Examples:
+      lbbench run                                              # paper setup: 4 x V100, paper-mix, 20 req/s
+      lbbench run --router round_robin,jsq,least_requests --instance-scheduler fcfs,priority --seeds 5
+      lbbench run --profile llama3.1-8b-a100 --trace azure.csv --rate 2,5,10 --slo ttft=1,e2e=30
+      lbbench run --launch tiny --instances 2 --workload poisson --rate 4 --requests 100   # real vLLM (CPU)
+      lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
+      lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
+    """
+    from ..profiles import load_profile
+
+    cfg = config_from_flags(kw).resolved()
+    profile = load_profile(cfg.profile)
+    cfg.check(profile)  # before any long work starts
+    out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
+    total = len(cfg.rates) if cfg.rates else len(cfg.variants()) * cfg.seeds * len(cfg.routers)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=True)
+    with progress:
+        outcome = run_experiment(cfg, out_dir, profile=profile, reporter=_RichReporter(progress, total))
+    _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete)
+    _say_rejections(out_dir / "requests.parquet", profile)
+    if not outcome.complete:
+        sys.exit(130)
+
+
+def _say_rejections(path: Path, profile: Any) -> None:
+    """One line per kind of request that did not complete: how many, why, and what changes it."""
+    import polars as pl
+    if not path.is_file():
+        return
+    df = pl.read_parquet(path)
+    if "error" not in df.columns or df.height == 0:
+        return
+    bad = df.filter(pl.col("error").is_not_null())
+    if bad.height == 0:
+        return
+    too_long = bad.filter(pl.col("error").str.contains("max_model_len"))
+    if too_long.height:
+        err_console.print(f"note: {too_long.height} of {df.height} requests were rejected: prompt + output longer "
+                          f"than the profile's max_model_len ({profile.max_model_len} tokens), as vLLM would; "
+                          "--max-prompt-tokens drops long trace prompts, a profile with a larger max_model_len "
+                          "(lbbench profile derive --max-model-len) serves them", highlight=False, soft_wrap=True)
+    other = bad.filter(~pl.col("error").str.contains("max_model_len"))
+    if other.height:
+        first = other["error"][0].splitlines()[0][:160]
+        err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
+                          f"in {path} with its error", highlight=False, soft_wrap=True)
+
+
+def _rates(value: str | None) -> list[float]:
+    out = []
+    for part in _split_csv(value):
+        try:
+            rate = float(part)
+        except ValueError:
+            raise ConfigError(f"--rate: {part!r} is not a number of requests/s") from None
+        if not rate > 0:
+            raise ConfigError(f"--rate: {part!r} must be > 0 requests/s")
+        out.append(rate)
+    if value is not None and not out:
+        raise ConfigError("--rate: give a rate in requests/s, or several comma-separated")
+    return out
+
+
+def _slo(value: str | None) -> dict[str, float]:
+    if value is None:
+        return {}
+    from .report import parse_slo
+    try:
+        slo = parse_slo(value)
+    except click.BadParameter as exc:
+        raise ConfigError(f"--slo: {exc.message}") from None
+    return {k: v for k, v in vars(slo).items() if v is not None}
+
+
+_COLUMNS = [
+    ("mean_e2e_s", "mean E2E (s)"), ("improvement_vs_round_robin_pct", "vs RR (%)"),
+    ("vs_best_baseline_pct", "vs best (%)"), ("p50_e2e_s", "p50 E2E"), ("p99_e2e_s", "p99 E2E"),
+    ("mean_ttft_s", "TTFT"), ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"),
+    ("mean_router_wait_s", "router wait"), ("router_wait_max_s", "max wait"), ("preemptions", "preempt."),
+    ("throughput_tokens_per_s", "tok/s"), ("goodput_per_s", "goodput/s"), ("slo_attainment", "met SLO"),
+    ("completed", "done"), ("failed", "failed"),
+]
+_LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", "lag p99 (ms)"),
+                 ("achieved_rate_per_s", "achieved/s"), ("requested_rate_per_s", "requested/s")]
+
+
+def _fmt(col: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if col.startswith("dispatch_lag"):
+        return f"{v * 1000:.2f}"
+    if col in ("improvement_vs_round_robin_pct", "vs_best_baseline_pct"):
+        return f"{v:+.2f}"
+    if col == "slo_attainment":
+        return f"{100 * v:.1f} %"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, complete: bool) -> None:
+    if fmt == "json":
+        click.echo(to_json(summary))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    keys = [k for k in cfg.group_keys() if k != "router"]
+    cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
+    where = f"live x{cfg.instances}" if cfg.backend == "live" else f"{cfg.profile} x{cfg.instances}"
+    rate = ",".join(f"{r:g}" for r in cfg.rates) if cfg.rates else (cfg.rate_per_s or "trace")
+    title = (f"{where}, {cfg.trace or cfg.workload}, "
+             f"{rate} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
+    table = Table(title=title + ("" if complete else "  [INCOMPLETE]"))
+    for k in keys:
+        table.add_column(k)
+    table.add_column("router")
+    for _, label in cols:
+        table.add_column(label, justify="right")
+    for row in summary.to_dicts():
+        e2e = _fmt("mean_e2e_s", row["mean_e2e_s"])
+        if row.get("seeds", 1) > 1 and row.get("mean_e2e_std_s") is not None:
+            e2e += f" ± {row['mean_e2e_std_s']:.1f}"
+        cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
+        table.add_row(*[str(row[k]) for k in keys], row["router"], *cells)
+    console.print(table)
+    refs = summary["best_baseline"].drop_nulls().unique(maintain_order=True).to_list() \
+        if "best_baseline" in summary.columns else []
+    if refs:
+        console.print(f"vs best = against the strongest baseline combination ({', '.join(refs)}), paired by seed; "
+                      + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
+    if keys:
+        _print_pivot(console, summary, keys)
+    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
+
+
+def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
+    """The paper's Table 2 form: one row per variant, one mean-E2E column per router."""
+    routers = list(dict.fromkeys(summary["router"].to_list()))
+    table = Table(title="mean E2E (s) by variant; * marks the worst router of each row")
+    for k in keys:
+        table.add_column(k)
+    for r in routers:
+        table.add_column(r, justify="right")
+    rows: dict[tuple, dict[str, float]] = {}
+    for row in summary.to_dicts():
+        rows.setdefault(tuple(row[k] for k in keys), {})[row["router"]] = row["mean_e2e_s"]
+    for variant, vals in rows.items():
+        worst = max(vals, key=lambda r: vals[r] if vals[r] is not None else float("-inf"))
+        cells = [(_fmt("mean_e2e_s", vals.get(r)) + ("*" if r == worst and len(vals) > 1 else ""))
+                 for r in routers]
+        table.add_row(*[str(v) for v in variant], *cells)
+    console.print(table)
+
+
+
+
+def _slo_text(cfg: RunConfig) -> str:
+    from ..reports.summary import Slo
+    return Slo(**cfg.slo).describe()
+run = run_cmd

@@ -1,0 +1,225 @@
+"""The typed configuration of one ``lbbench run``: every simulated and live field, its default and its checks.
+
+``RunConfig`` is what a run directory's ``run.toml`` records under ``[config]``. A caller (the CLI, a bench
+script, a test) fills the fields it knows; ``resolved()`` fills the defaults that depend on other fields
+(requests and rate per workload, the paper-classes orders, the instance count of an attached fleet, the
+shipped checkpoint of a learned router) and ``check(profile)`` rejects what cannot run — before any long work
+starts. Errors are ``ConfigError``s naming the field (``rate_per_s``), not a flag: the CLI maps fields to flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..profiles import Profile
+
+WORKLOADS = ("paper-mix", "paper-classes", "poisson")
+LEARNED_ROUTERS = ("baseline_rl", "wa_rl", "wgrl")
+APIS = ("completions", "chat")
+PROMPT_MODES = ("auto", "ids", "text")
+
+
+class ConfigError(InputError):
+    """A ``RunConfig`` that cannot run; ``field`` names the offending field."""
+
+
+@dataclass
+class RunConfig:
+    """Resolved configuration of one `lbbench run` (written to run.toml)."""
+
+    # -- the cluster ------------------------------------------------------------------------------------
+    profile: str = "llama2-7b-v100"
+    """Profile name or TOML path: the simulated instance, and what routers may assume of a live one."""
+    instances: int = 4
+    """Simulated or launched instances (an attached fleet has one per endpoint)."""
+    instance_schedulers: list[str] = field(default_factory=lambda: ["fcfs"])
+    """Instance-level schedulers, each a variant (live: one, the servers' own)."""
+    chunked_prefill: list[bool | None] = field(default_factory=lambda: [None])
+    """Chunked prefill per variant (None: as the profile says; live attach: as the servers run)."""
+    prefix_caching: bool | None = None
+    """Automatic prefix caching in the simulated instances (None: as the profile says)."""
+    # -- the workload -----------------------------------------------------------------------------------
+    workload: str = "paper-mix"
+    trace: str | None = None
+    trace_options: dict[str, Any] = field(default_factory=dict)
+    rate_per_s: float | None = 20.0
+    requests: int | None = 2000
+    rates: list[float] = field(default_factory=list)
+    """A load sweep: one run per rate (``rate_per_s`` is then None), ``rate_per_s`` a group key."""
+    orders: list[str | None] = field(default_factory=lambda: [None])
+    """paper-classes arrival orders, each a variant ([None]: all four for paper-classes)."""
+    seeds: int = 1
+    seed: int = 0
+    burstiness: float = 1.0
+    prompt_tokens: str = "128"
+    output_tokens: str = "128"
+    # -- the routers --------------------------------------------------------------------------------------
+    routers: list[str] = field(default_factory=lambda: ["round_robin"])
+    router_options: dict[str, Any] = field(default_factory=dict)
+    predictor: str = "oracle"
+    # -- output -------------------------------------------------------------------------------------------
+    timeline_interval_s: float | None = 1.0
+    slo: dict[str, float] = field(default_factory=dict)
+    """Latency limits for goodput: any of ``ttft_s``, ``tbt_s``, ``e2e_s`` (seconds)."""
+    jobs: int = 1
+    """Processes a simulated load sweep runs its rates in (results do not depend on it)."""
+    # -- live backends ----------------------------------------------------------------------------------
+    endpoints: list[str] = field(default_factory=list)
+    """Attach to these running OpenAI-compatible servers (one instance each)."""
+    launch_model: str | None = None
+    """Launch ``instances`` local vLLM servers of this model first (``tiny``: the small local test model)."""
+    model: str | None = None
+    """Model name requested from live endpoints (None: the first one served)."""
+    api: str = "completions"
+    engine: str = "vllm"
+    """The endpoints' engine: its request fields and metric names (``lbbench.engines``)."""
+    prompt_mode: str = "auto"
+    """Token ids, text built to the exact length, or ``auto``: ids unless the endpoint refuses them."""
+    tokenizer: str | None = None
+    """Text prompts: a local tokenizer path or a backend URL whose ``/tokenize`` makes lengths exact."""
+    vllm_python: str | None = None
+    """Python of the vLLM environment for launched servers."""
+    request_timeout_s: float = 600.0
+    backend: str = "sim"
+    """``sim`` or ``live`` (set by ``resolved()`` from the endpoints / launch fields)."""
+
+    def seed_list(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.seeds))
+
+    @property
+    def live(self) -> bool:
+        return bool(self.endpoints or self.launch_model)
+
+    # -------------------------------------------------------------------------------------- defaults
+    def resolved(self) -> RunConfig:
+        """This config with the defaults that depend on other fields filled in (idempotent)."""
+        cfg = replace(self, routers=list(self.routers), orders=list(self.orders), rates=list(self.rates),
+                      router_options={k: dict(v) for k, v in self.router_options.items()})
+        if cfg.requests is None and not cfg.trace:
+            cfg.requests = 3000 if cfg.workload == "paper-classes" else 2000
+        if len(cfg.rates) == 1:
+            cfg.rate_per_s, cfg.rates = cfg.rates[0], []
+        elif cfg.rates:
+            cfg.rate_per_s = None
+        if cfg.workload == "paper-classes" and not cfg.trace and cfg.orders == [None]:
+            from ..workloads import PAPER_CLASS_ORDERS
+            cfg.orders = list(PAPER_CLASS_ORDERS)
+        if cfg.endpoints:
+            cfg.instances = len(cfg.endpoints)
+        cfg.backend = "live" if cfg.live else "sim"
+        label = workload_label(cfg)
+        for name in cfg.routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
+            if name in LEARNED_ROUTERS and "checkpoint" not in cfg.router_options.get(name, {}):
+                cfg.router_options.setdefault(name, {}).setdefault("workload", label)
+        return cfg
+
+    # ---------------------------------------------------------------------------------------- checks
+    def check(self, profile: Profile) -> None:
+        """Raise ``ConfigError`` for anything that cannot run; builds the predictor and every router once."""
+        from ..sim.instance import INSTANCE_SCHEDULERS
+
+        if not self.routers:
+            raise ConfigError("give at least one router name", "routers")
+        if self.instances < 1:
+            raise ConfigError(f"{self.instances}: need at least one instance", "instances")
+        for s in self.instance_schedulers:
+            if s not in INSTANCE_SCHEDULERS:
+                raise ConfigError(f"unknown {s!r} (choose from {', '.join(INSTANCE_SCHEDULERS)})",
+                                  "instance_schedulers")
+        if self.orders != [None]:
+            from ..workloads import PAPER_CLASS_ORDERS
+            if self.workload != "paper-classes" or self.trace:
+                raise ConfigError("only applies to the paper-classes workload", "orders")
+            for o in self.orders:
+                if o not in PAPER_CLASS_ORDERS:
+                    raise ConfigError(f"unknown order {o!r} (choose from {', '.join(PAPER_CLASS_ORDERS)})",
+                                      "orders")
+        if self.trace and not Path(self.trace).is_file():
+            raise ConfigError(f"{self.trace}: no such file", "trace")
+        for r in [self.rate_per_s, *self.rates]:
+            if r is not None and not r > 0:
+                raise ConfigError(f"{r:g} must be > 0 requests/s", "rate_per_s")
+        for name in self.router_options:
+            if name not in self.routers:
+                raise ConfigError(f"router {name!r} has options but is not among the routers", "router_options")
+        self._check_live()
+        from ..predict import load_predictor
+        from ..routers import get_router
+        from ..routers.registry import UnknownRouterError
+        load_predictor(self.predictor, profile=profile, seed=self.seed)
+        for r in self.routers:
+            try:
+                get_router(r, num_instances=self.instances, seed=self.seed, profile=profile,
+                           **self.router_options.get(r, {}))
+            except UnknownRouterError:
+                raise
+            except (TypeError, ValueError) as exc:
+                if not self.router_options.get(r) or isinstance(exc, InputError):
+                    raise
+                raise ConfigError(f"router {r!r}: {exc}", "router_options") from None
+
+    def _check_live(self) -> None:
+        if self.endpoints and self.launch_model:
+            raise ConfigError("launch new servers or attach to running ones, not both", "launch_model")
+        if self.api not in APIS:
+            raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
+        if self.prompt_mode not in PROMPT_MODES:
+            raise ConfigError(f"unknown prompt mode {self.prompt_mode!r} (choose from {', '.join(PROMPT_MODES)})",
+                              "prompt_mode")
+        from ..engines import ENGINES
+        if self.engine not in ENGINES:
+            raise ConfigError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})", "engine")
+        if self.engine != "vllm" and not self.endpoints:
+            raise ConfigError(f"{self.engine}: only for attached endpoints (launched servers are vLLM; the "
+                              "simulator has no engine dialect)", "engine")
+        if not self.live:
+            return
+        if self.rates:
+            raise ConfigError("a load sweep (several rates) runs in the simulator only", "rates")
+        if len(self.instance_schedulers) > 1:
+            raise ConfigError("a live fleet runs one instance scheduler, its servers' own; give one",
+                              "instance_schedulers")
+        if self.endpoints and self.chunked_prefill != [None]:
+            raise ConfigError("attached servers run chunked prefill as they were started; it cannot be set",
+                              "chunked_prefill")
+
+    # ------------------------------------------------------------------------------------------ plan
+    def variants(self) -> list[Variant]:
+        """The grid of variants (arrival order × instance scheduler × chunked prefill), in run order."""
+        return [Variant(s, c, o) for o in self.orders for s in self.instance_schedulers
+                for c in self.chunked_prefill]
+
+    def group_keys(self) -> list[str]:
+        """The summary's group columns: the router plus every setting this config varies."""
+        keys = ["router"]
+        if len(self.rates) > 1:
+            keys.append("rate_per_s")
+        if self.orders != [None]:
+            keys.append("order")
+        if len(self.instance_schedulers) > 1:
+            keys.append("instance_scheduler")
+        if len(self.chunked_prefill) > 1:
+            keys.append("chunked_prefill")
+        return keys
+
+    def sweep(self) -> list[RunConfig]:
+        """One config per rate of a load sweep (the config itself when it is not one)."""
+        if not self.rates:
+            return [self]
+        return [replace(self, rate_per_s=rate, rates=[]) for rate in self.rates]
+
+
+@dataclass(frozen=True)
+class Variant:
+    instance_scheduler: str
+    chunked_prefill: bool | None
+    order: str | None
+
+
+def workload_label(cfg: RunConfig) -> str:
+    return f"trace:{Path(cfg.trace).name}" if cfg.trace else cfg.workload

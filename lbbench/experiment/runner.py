@@ -1,0 +1,408 @@
+"""One runner for every ``lbbench run``: the plan (variants × seeds × routers) on a simulated or a live backend.
+
+``run_experiment`` walks the plan once, whatever the backend:
+
+    for each variant (arrival order × instance scheduler × chunked prefill):
+        open the backend's fleet for it (simulated instances; attached endpoints; or launched vLLM servers)
+        for each seed: build the requests, predict their lengths (paired: every router sees the same ones)
+            for each router: run the unit on the fleet -> records + timeline, added to the run directory
+
+A backend differs only in ``fleet(variant)`` and ``Fleet.run``: ``SimBackend`` runs ``ClusterSim`` in virtual
+time, ``LiveBackend`` drives the same ``Dispatcher`` over HTTP (``lbbench.harness.replay``). Both give routers
+the profile's ``InstanceSpec`` (live: with the KV capacity the engine reports), both build records with
+``RequestRecord.for_request`` under the unit's router label, and both yield the same frames to ``RunDir``.
+A simulated load sweep runs its rates in processes, each through the same ``iter_units``.
+
+Progress and notes go to a ``Reporter`` (the CLI's renders them with rich); errors are ``ConfigError`` and the
+other library errors, never printed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
+
+import polars as pl
+
+from ..core import InstanceSpec, Request, RequestRecord
+from ..profiles import Profile
+from .config import RunConfig, Variant, workload_label
+from .rundir import RunDir, records_frame, timeline_frame
+from .workload import build_requests
+
+
+class Reporter:
+    """Where a run says how it goes (no-ops here; the CLI draws progress bars)."""
+
+    def unit_started(self, label: str, total: int) -> None: ...
+    def unit_progress(self, label: str, done: int, total: int) -> None: ...
+    def unit_finished(self, label: str) -> None: ...
+    def note(self, message: str, warning: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One router on one seed of one variant: the smallest thing a backend runs."""
+
+    variant: Variant
+    seed: int
+    router: str
+    label: str
+
+
+def unit_label(cfg: RunConfig, v: Variant, seed: int, router: str) -> str:
+    """``router-seedN[-ORDER][-SCHEDULER][-chunked-on|off]``: a unit's name (and its partial-records folder)."""
+    parts = [f"{router}-seed{seed}"]
+    if v.order:
+        parts.append(v.order)
+    if len(cfg.instance_schedulers) > 1:
+        parts.append(v.instance_scheduler)
+    if v.chunked_prefill is not None:
+        parts.append(f"chunked-{'on' if v.chunked_prefill else 'off'}")
+    return "-".join(parts)
+
+
+def plan(cfg: RunConfig) -> list[Unit]:
+    """Every unit of a (resolved) config, in run order."""
+    return [Unit(v, seed, name, unit_label(cfg, v, seed, name))
+            for v in cfg.variants() for seed in cfg.seed_list() for name in cfg.routers]
+
+
+def run_columns(cfg: RunConfig, profile: Profile, v: Variant) -> dict[str, Any]:
+    """The run-level columns of every request row of a variant."""
+    chunked = profile.chunked_prefill if v.chunked_prefill is None else v.chunked_prefill
+    return {
+        "profile": profile.name, "workload": workload_label(cfg), "num_instances": cfg.instances,
+        "instance_scheduler": v.instance_scheduler, "chunked_prefill": bool(chunked),
+        "order": v.order, "rate_per_s": cfg.rate_per_s, "backend": cfg.backend,
+    }
+
+
+def timeline_columns(unit: Unit, cols: dict[str, Any]) -> dict[str, Any]:
+    return {"router": unit.router, "seed": unit.seed, "order": unit.variant.order,
+            "instance_scheduler": unit.variant.instance_scheduler, "chunked_prefill": cols["chunked_prefill"],
+            "rate_per_s": cols["rate_per_s"]}
+
+
+@dataclass
+class UnitResult:
+    records: list[RequestRecord]
+    #: per-instance samples: (time_s, instance, running, waiting, kv_usage, preemptions[, prefix hit rate])
+    timeline: Sequence[tuple] | pl.DataFrame = ()
+    complete: bool = True
+
+
+class Fleet(Protocol):
+    """The instances of one variant, as a backend provides them."""
+
+    num_instances: int
+
+    def prepare(self, requests: list[Request]) -> None:
+        """Called once per seed before its routers run (live: build text prompts)."""
+
+    def run(self, unit: Unit, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult: ...
+
+
+class Backend(Protocol):
+    def fleet(self, variant: Variant) -> ContextManager[Fleet]: ...
+
+
+# ------------------------------------------------------------------------------------------------ simulator
+
+
+@dataclass
+class SimFleet:
+    cfg: RunConfig
+    profile: Profile
+    variant: Variant
+    run_id: str
+    num_instances: int = 0
+
+    def prepare(self, requests: list[Request]) -> None:
+        pass
+
+    def run(self, unit: Unit, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
+        from ..sim.cluster import ClusterSim
+
+        sim = ClusterSim(self.profile, self.num_instances, requests,
+                         instance_scheduler=self.variant.instance_scheduler,
+                         chunked_prefill=self.variant.chunked_prefill, seed=unit.seed, run_id=self.run_id,
+                         timeline_interval_s=self.cfg.timeline_interval_s, prefix_caching=self.cfg.prefix_caching)
+        records = sim.run(router, label=unit.router,
+                          progress=lambda done, total: reporter.unit_progress(unit.label, done, total))
+        rows = [(s.time_s, s.instance, s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
+                 s.prefix_cache_hit_rate) for s in sim.timeline]
+        return UnitResult(records, rows, True)
+
+
+@dataclass
+class SimBackend:
+    cfg: RunConfig
+    profile: Profile
+    run_id: str
+
+    @contextlib.contextmanager
+    def fleet(self, variant: Variant) -> Iterator[SimFleet]:
+        yield SimFleet(self.cfg, self.profile, variant, self.run_id, self.cfg.instances)
+
+
+# ------------------------------------------------------------------------------------------------ live
+
+
+def live_spec(profile: Profile, url: str) -> InstanceSpec:
+    """What a router may assume of a live instance: the profile's spec (the one the simulator gives routers),
+    with the KV capacity the engine itself reports (vLLM's ``cache_config_info``) where it does."""
+    from dataclasses import replace
+
+    from ..profiling.measure import MeasureError, engine_info
+    spec = profile.instance_spec()
+    try:
+        info = engine_info(url)
+    except MeasureError:
+        return spec
+    return replace(spec, kv_capacity_tokens=info.num_blocks * info.block_size)
+
+
+def prompt_text_builder(cfg: RunConfig, endpoints: list[str], reporter: Reporter
+                        ) -> Callable[[list[Request]], dict[int, str]]:
+    """A function from a seed's requests to their text prompts ({} when token ids are sent)."""
+    from ..harness.replay import served_models
+    from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
+                                        texts_for)
+
+    if cfg.prompt_mode == "ids":
+        return lambda reqs: {}
+    model = cfg.model or served_models(endpoints[0])[0]
+    if cfg.prompt_mode == "auto" and accepts_token_ids(endpoints[0], model):
+        return lambda reqs: {}
+    count = None
+    tok = cfg.tokenizer
+    if tok and tok.startswith(("http://", "https://")):  # a backend's /tokenize (behind a gateway that lacks it)
+        count = endpoint_counter(tok, model)
+    elif tok:
+        count = local_counter(tok)
+    else:
+        probe = endpoint_counter(endpoints[0], model)
+        try:
+            probe("probe")
+            count = probe
+        except TextPromptError:  # no /tokenize there: approximate lengths, said once
+            reporter.note("text prompts with approximate lengths (the endpoint has no /tokenize; give a "
+                          "tokenizer for exact ones)", warning=True)
+    reporter.note(f"sending text prompts ({'exact lengths' if count else 'approximate lengths'})")
+
+    def texts(reqs: list[Request]) -> dict[int, str]:
+        out, inexact = texts_for(reqs, count)
+        if count is not None and inexact:
+            reporter.note(f"{inexact} prompts could not be built to their exact length", warning=True)
+        return out
+    return texts
+
+
+@dataclass
+class LiveFleet:
+    cfg: RunConfig
+    profile: Profile
+    variant: Variant
+    run_dir: RunDir | None
+    endpoints: list[str]
+    reporter: Reporter
+    specs: list[InstanceSpec] = field(default_factory=list)
+    num_instances: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_instances = len(self.endpoints)
+        self.specs = [live_spec(self.profile, url) for url in self.endpoints]
+        self._texts = prompt_text_builder(self.cfg, self.endpoints, self.reporter)
+        self._prompt_texts: dict[int, str] = {}
+        self._priority_of = None
+        if self.variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
+            from ..routers.priority import request_priority
+            self._priority_of = lambda r: request_priority(r, self.profile)
+
+    def prepare(self, requests: list[Request]) -> None:
+        self._prompt_texts = self._texts(requests)
+
+    def run(self, unit: Unit, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
+        from ..harness.replay import run_replay
+
+        cfg = self.cfg
+        res = run_replay(requests, router, self.endpoints, model=cfg.model, specs=self.specs,
+                         run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed,
+                         out_dir=self.run_dir.partial_dir(unit.label) if self.run_dir else None,
+                         request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
+                         priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
+                         scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
+                         progress=lambda done, total: reporter.unit_progress(unit.label, done, total))
+        if self._prompt_texts:
+            from ..harness.text_prompts import prompt_length_mismatches
+            bad = prompt_length_mismatches(res.records)
+            if bad:
+                reporter.note(f"{bad} of {len(res.records)} requests of {unit.label} reached the server with "
+                              "another prompt length than asked (text prompts; give a tokenizer for exact "
+                              "lengths)", warning=True)
+        return UnitResult(res.records, res.metrics, res.complete)
+
+
+@dataclass
+class LiveBackend:
+    cfg: RunConfig
+    profile: Profile
+    run_dir: RunDir | None
+    reporter: Reporter
+    launched: list[str] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def fleet(self, variant: Variant) -> Iterator[LiveFleet]:
+        cfg = self.cfg
+        if cfg.endpoints:
+            from ..harness.replay import check_endpoints
+            yield LiveFleet(cfg, self.profile, variant, self.run_dir, check_endpoints(cfg.endpoints),
+                            self.reporter)
+            return
+        from ..engines.vllm.launcher import launch
+        tag = "default" if variant.chunked_prefill is None else ("on" if variant.chunked_prefill else "off")
+        self.reporter.note(f"launching {cfg.instances} x {cfg.launch_model} (chunked prefill {tag}) ...")
+        policy = "priority" if variant.instance_scheduler == "priority" else None
+        log_dir = self.run_dir.path / "logs" / f"chunked-{tag}" if self.run_dir else None
+        with launch(cfg.launch_model, cfg.instances, chunked_prefill=variant.chunked_prefill,
+                    vllm_python=cfg.vllm_python, scheduling_policy=policy, log_dir=log_dir) as eps:
+            self.launched += list(eps)
+            yield LiveFleet(cfg, self.profile, variant, self.run_dir, list(eps), self.reporter)
+
+
+def backend_for(cfg: RunConfig, profile: Profile, run_id: str, run_dir: RunDir | None,
+                reporter: Reporter) -> Backend:
+    if cfg.live:
+        return LiveBackend(cfg, profile, run_dir, reporter)
+    return SimBackend(cfg, profile, run_id)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Reporter | None = None
+               ) -> Iterator[tuple[Unit, pl.DataFrame, pl.DataFrame | None, bool]]:
+    """Run the plan on ``backend``: yield (unit, request rows, timeline rows, complete) per unit, stopping
+    after a unit that did not complete."""
+    from ..predict import annotate, load_predictor
+    from ..routers import get_router
+
+    reporter = reporter or Reporter()
+    predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
+    for v in cfg.variants():
+        cols = run_columns(cfg, profile, v)
+        with backend.fleet(v) as fleet:
+            for seed in cfg.seed_list():
+                reqs = annotate(build_requests(cfg, profile, seed, v.order), predictor)
+                fleet.prepare(reqs)
+                for name in cfg.routers:
+                    unit = Unit(v, seed, name, unit_label(cfg, v, seed, name))
+                    router = get_router(name, num_instances=fleet.num_instances, seed=seed, profile=profile,
+                                        **cfg.router_options.get(name, {}))
+                    reporter.unit_started(unit.label, len(reqs))
+                    res = fleet.run(unit, reqs, router, reporter)
+                    reporter.unit_finished(unit.label)
+                    yield (unit, records_frame(res.records, cols),
+                           timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete)
+                    if not res.complete:
+                        return
+
+
+def iter_sim_runs(cfg: RunConfig, profile: Profile, run_id: str, reporter: Reporter | None = None
+                  ) -> Iterator[tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """(request rows, timeline rows) of every simulated unit (bench scripts and sweeps)."""
+    for _unit, df, tl, _complete in iter_units(cfg, profile, SimBackend(cfg, profile, run_id), reporter):
+        yield df, tl
+
+
+def sim_frames(args: tuple[RunConfig, str]) -> tuple[list[pl.DataFrame], list[pl.DataFrame]]:
+    """Every simulated unit of one config (a sweep's worker; top level so that it pickles)."""
+    from ..profiles import load_profile
+
+    cfg, run_id = args
+    frames, timelines = [], []
+    for df, tl in iter_sim_runs(cfg, load_profile(cfg.profile), run_id):
+        frames.append(df)
+        if tl is not None:
+            timelines.append(tl)
+    return frames, timelines
+
+
+def iter_sweep(cfg: RunConfig, run_id: str) -> Iterator[tuple[list[pl.DataFrame], list[pl.DataFrame]]]:
+    """Yield (request frames, timeline frames) per rate of a simulated load sweep, in rate order.
+
+    With ``cfg.jobs > 1`` the rates run in that many processes (spawned, not forked: a forked child can
+    deadlock on locks held by polars' threads); every run is deterministic for its seed, so the records are
+    the same as one rate at a time.
+    """
+    work = [(c, run_id) for c in cfg.sweep()]
+    jobs = min(cfg.jobs, len(work))
+    if jobs <= 1:
+        for w in work:
+            yield sim_frames(w)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield from ex.map(sim_frames, work)
+
+
+@dataclass
+class RunOutcome:
+    summary: pl.DataFrame
+    complete: bool
+    path: Path
+    run_id: str
+
+
+def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | None = None,
+                   reporter: Reporter | None = None, run_id: str | None = None) -> RunOutcome:
+    """Run a whole experiment into ``out_dir`` and return its summary.
+
+    ``cfg`` is resolved and checked first. Ctrl-C, a live replay that did not complete, or a live instance
+    that died between units end the run early: everything measured is kept and ``run.toml`` says
+    ``complete = false``.
+    """
+    from ..harness.replay import EndpointError
+    from ..profiles import load_profile
+
+    cfg = cfg.resolved()
+    profile = profile or load_profile(cfg.profile)
+    cfg.check(profile)
+    reporter = reporter or Reporter()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    rd = RunDir(out_dir, cfg, profile, run_id)
+    rd.start()
+    t0 = time.perf_counter()
+    complete = True
+    backend = backend_for(cfg, profile, run_id, rd, reporter)
+    try:
+        if cfg.rates:  # a simulated load sweep (check() keeps sweeps off live backends)
+            for i, (frames, timelines) in enumerate(iter_sweep(cfg, run_id)):
+                for df in frames:
+                    rd.add(df, None)
+                for tl in timelines:
+                    rd.add(None, tl)
+                reporter.unit_finished(f"rate {cfg.rates[i]:g}")
+        else:
+            for _unit, df, tl, ok in iter_units(cfg, profile, backend, reporter):
+                rd.add(df, tl)
+                complete = complete and ok
+    except KeyboardInterrupt:
+        complete = False
+    except EndpointError as exc:
+        if not rd.frames:  # nothing measured yet: the endpoints were never usable
+            raise
+        reporter.note(f"stopping: {exc}", warning=True)  # an instance died between units
+        complete = False
+    extra: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 3)}
+    if isinstance(backend, LiveBackend) and backend.launched:
+        extra["launched_endpoints"] = backend.launched
+    summary = rd.finish(complete, extra)
+    return RunOutcome(summary, complete, rd.path, run_id)

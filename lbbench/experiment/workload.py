@@ -1,0 +1,45 @@
+"""The requests of one seed: a synthetic workload, a dataset or a trace, as a ``RunConfig`` asks.
+
+Seeds are paired: for a given seed (and arrival order) every router sees exactly the same requests.
+"""
+
+from __future__ import annotations
+
+from ..core import Request
+from ..profiles import Profile
+from .config import WORKLOADS, ConfigError, RunConfig
+
+
+def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | None) -> list[Request]:
+    """The requests for one seed (and arrival order), before predictions."""
+    from .. import workloads as wl
+
+    n = cfg.requests
+    if cfg.trace:
+        from ..workloads.session_traces import is_session_trace, load_session_trace
+        from ..workloads.traces import load_trace_requests
+        opts = dict(cfg.trace_options)
+        if is_session_trace(cfg.trace):  # conversations (chat_id / parent_chat_id): replayed closed loop
+            return load_session_trace(cfg.trace, rate=cfg.rate_per_s, requests=n, **opts)
+        return load_trace_requests(cfg.trace, rate=cfg.rate_per_s, requests=n, **opts)
+    rate = cfg.rate_per_s if cfg.rate_per_s is not None else 20.0
+    n = n if n is not None else 2000
+    w = cfg.workload
+    if w == "paper-mix":
+        return wl.paper_mix(n, rate, seed, burstiness=cfg.burstiness)
+    if w == "paper-classes":
+        return wl.paper_classes(order or "all_random", n, rate, seed, profile, burstiness=cfg.burstiness)
+    if w == "poisson":
+        return wl.poisson(n, rate, seed, prompt_tokens=wl.parse_length_spec(cfg.prompt_tokens, "prompt_tokens"),
+                          output_tokens=wl.parse_length_spec(cfg.output_tokens, "output_tokens"),
+                          burstiness=cfg.burstiness)
+    if w.split(":", 1)[0] in ("sessions", "shared-prefix"):
+        from ..workloads.sessions import parse_session_spec, sessions
+        return sessions(n, rate, seed, parse_session_spec(w), max_model_len=profile.max_model_len,
+                        burstiness=cfg.burstiness)
+    if w.startswith("dataset:"):
+        from ..predict.dataset_workload import dataset_workload
+        return dataset_workload(w.split(":", 1)[1], n, rate, seed, max_model_len=profile.max_model_len)
+    raise ConfigError(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)}, "
+                      "sessions[:K=V,...], shared-prefix[:K=V,...], dataset:FILE, or give a trace file)",
+                      "workload")

@@ -1,0 +1,156 @@
+"""The live decision loop, shared by the replay harness and the proxy.
+
+A ``Drive`` holds one ``Dispatcher`` and one ``ClusterState`` — the very objects the simulator drives in
+virtual time — and runs them on the wall clock inside an asyncio loop:
+
+- **Decision epochs** are the simulator's: ``epoch()`` after an arrival or a completion, and every
+  ``min_step_s`` while requests wait at the router (after it deferred). Each dispatch goes to ``on_dispatch``
+  (the replay sends the request; the proxy wakes the waiting handler).
+- **Lifecycle events** reach the state through ``observe``; ``token_observer`` turns a stream's chunks into
+  ``FirstToken`` and at most one ``TokensGenerated`` per ``min_step_s``.
+- **Health**: ``check_health`` probes instances (``probe_health``: ``GET /health``) and feeds
+  ``InstanceHealth`` changes; ``mark_down`` takes an instance out at once after a connection error.
+
+The clock is ``time.monotonic()`` from ``start_clock``, not the loop's clock: uvloop's counts whole
+milliseconds, which would round every send and token time of a replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Awaitable, Callable, Iterable, Sequence
+
+import aiohttp
+
+from ..core import ClusterState, FirstToken, InstanceHealth, InstanceSpec, Request, TokensGenerated
+from ..dispatch import Dispatcher, Router
+
+DispatchFn = Callable[[Request, int, float], None]
+
+
+async def probe_health(session: aiohttp.ClientSession, url: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``url/health`` answers 200 within ``timeout_s``."""
+    try:
+        async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return resp.status == 200
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+
+
+class Drive:
+    def __init__(self, router: Router, specs: Sequence[InstanceSpec], *, min_step_s: float,
+                 on_dispatch: DispatchFn, on_error: Callable[[BaseException], None] | None = None):
+        self.state = ClusterState(list(specs))
+        self.dispatcher = Dispatcher(router, self.state)
+        self.min_step_s = min_step_s
+        self.on_dispatch = on_dispatch
+        self.on_error = on_error
+        self.t0 = time.monotonic()
+        self._tick: asyncio.TimerHandle | None = None
+
+    # -- clock ---------------------------------------------------------------------------------
+    def start_clock(self, lead_s: float = 0.0) -> None:
+        """Time zero is ``lead_s`` from now."""
+        self.t0 = time.monotonic() + lead_s
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # -- decisions -----------------------------------------------------------------------------
+    def arrive(self, req: Request) -> None:
+        self.dispatcher.arrive(req)
+
+    def __len__(self) -> int:
+        """Requests waiting at the router."""
+        return len(self.dispatcher)
+
+    def epoch(self, now: float | None = None) -> None:
+        """A decision epoch: dispatch what the router decides now; tick again while requests wait.
+
+        A router error goes to ``on_error`` when one is set (an epoch run from a timer has no caller to raise
+        to), else it is raised."""
+        now = self.now() if now is None else now
+        try:
+            dispatches = self.dispatcher.decide(now)
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.on_error(exc)
+            return
+        for req, inst in dispatches:
+            self.on_dispatch(req, inst, now)
+        if len(self.dispatcher) and self._tick is None:
+            self._tick = asyncio.get_running_loop().call_later(self.min_step_s, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        if len(self.dispatcher):
+            self.epoch()
+
+    def withdraw(self, request_id: int) -> Request | None:
+        """Take a request that is still waiting at the router out of the queue (its client went away)."""
+        for i, q in enumerate(self.dispatcher.queue):
+            if q.request_id == request_id:
+                return self.dispatcher.drop(i)
+        return None
+
+    def drop_all(self) -> list[Request]:
+        """Empty the router's queue (requests that can never be dispatched)."""
+        out = []
+        while len(self.dispatcher):
+            out.append(self.dispatcher.drop(0))
+        return out
+
+    def close(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+
+    # -- events --------------------------------------------------------------------------------
+    def observe(self, event: object) -> None:
+        self.dispatcher.observe(event)
+
+    def token_observer(self, request_id: int, inst: int) -> Callable[[int, float], None]:
+        """``(tokens so far, time)`` per stream chunk -> ``FirstToken``, then ``TokensGenerated`` at most once
+        per ``min_step_s`` (what the simulator's state sees per engine step)."""
+        observe, step_s = self.dispatcher.observe, self.min_step_s
+        last = [-math.inf]
+
+        def on_tokens(count: int, t: float) -> None:
+            if last[0] == -math.inf:
+                observe(FirstToken(request_id, inst, t))
+                last[0] = t
+            elif t - last[0] >= step_s:
+                observe(TokensGenerated(request_id, inst, t, count))
+                last[0] = t
+        return on_tokens
+
+    # -- health --------------------------------------------------------------------------------
+    def healthy(self, inst: int) -> bool:
+        return self.state.view().instances[inst].healthy
+
+    def healthy_indices(self) -> list[int]:
+        return list(self.state.view().healthy_indices())
+
+    def mark_down(self, inst: int) -> bool:
+        """Take ``inst`` out after a connection error; True when it was up."""
+        if not self.healthy(inst):
+            return False
+        self.observe(InstanceHealth(inst, self.now(), False))
+        return True
+
+    async def check_health(self, probe: Callable[[int], Awaitable[bool]], indices: Iterable[int]) -> list[bool]:
+        """Probe ``indices``, feed every change of health to the state, and run an epoch when one came back."""
+        idx = list(indices)
+        ok = list(await asyncio.gather(*(probe(i) for i in idx)))
+        came_back = False
+        view = self.state.view()
+        for i, good in zip(idx, ok):
+            if good != view.instances[i].healthy:
+                self.observe(InstanceHealth(i, self.now(), good))
+                came_back = came_back or good
+        if came_back:
+            self.epoch()
+        return ok
