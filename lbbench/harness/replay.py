@@ -64,7 +64,7 @@ METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.
 
 
 class EndpointError(ValueError):
-    """An endpoint cannot be used (the message names the flag and the URL)."""
+    """An endpoint cannot be used (the message starts with `endpoint URL:`; the CLI maps it to `--endpoint`)."""
 
 
 def normalize_endpoint(url: str) -> str:

@@ -177,7 +177,7 @@ def get_scheme(name: str, profile: Any | None = None) -> BucketScheme:
         return paper_scheme(profile)
     if name == "equal250":
         return equal_width_scheme(profile, 250)
-    raise PredictorSpecError(f"--scheme: unknown bucket scheme {name!r} (known: {', '.join(SCHEMES)})")
+    raise PredictorSpecError(f"scheme: unknown bucket scheme {name!r} (known: {', '.join(SCHEMES)})")
 
 
 # --------------------------------------------------------------------------- protocol
@@ -321,7 +321,7 @@ def load_predictor(spec: str, profile: Any | None = None, scheme: BucketScheme |
         tp = TextPredictor.load(path, precision=precision)
         if tp.config.train.get("objective") == "task":
             raise PredictorSpecError(f"predictor {spec!r}: that directory holds a task classifier "
-                                     "(--kind task), not a length predictor (--kind text)")
+                                     "(kind task), not a length predictor (kind text)")
         return tp
     if kind == "metadata" and arg:
         from .metadata import MetadataPredictor

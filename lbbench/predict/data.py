@@ -299,7 +299,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
                                r.source) for r in raws]
     if not corpus.examples:
         raise DataError(f"data: no usable rows under {', '.join(map(str, paths))}"
-                        + (f" for --models {','.join(models)}" if models else ""))
+                        + (f" for models {','.join(models)}" if models else ""))
     return corpus
 
 

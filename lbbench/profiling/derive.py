@@ -121,7 +121,7 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
     if kv_bytes <= 0:
         raise DeriveError(f"{model.name} ({dtype}, TP {tp}) does not fit on {gpu.name}: weights "
                           f"{weights_bytes / GIB:.2f} GiB + activations {act_bytes / GIB:.2f} GiB exceed "
-                          f"{budget / GIB:.2f} GiB (memory x utilization); raise --tp or use a larger GPU")
+                          f"{budget / GIB:.2f} GiB (memory x utilization); raise the tensor parallelism (tp) or use a larger GPU")
     num_blocks = int(kv_bytes // (kv_token_bytes * engine.block_size))
     if num_blocks * engine.block_size < max_model_len:
         raise DeriveError(f"max_model_len {max_model_len} exceeds the {num_blocks * engine.block_size} tokens the KV "

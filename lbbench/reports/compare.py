@@ -50,7 +50,7 @@ DEFAULT_METRICS = ("mean_e2e_s", "p99_e2e_s", "mean_ttft_s")
 
 
 class CompareError(ValueError):
-    """The runs cannot be compared as asked (message names the flag or run)."""
+    """The runs cannot be compared as asked (the message names the setting or the run)."""
 
 
 @dataclass

@@ -48,7 +48,7 @@ class SessionSpec:
     block: int = 16  #: tokens per prefix hash
 
 
-def parse_session_spec(text: str, what: str = "--workload") -> SessionSpec:
+def parse_session_spec(text: str, what: str = "workload") -> SessionSpec:
     """``sessions``, ``sessions:turns=6,think=2``, or ``shared-prefix[:...]`` (one turn)."""
     name, _, rest = text.partition(":")
     if name not in ("sessions", "shared-prefix"):

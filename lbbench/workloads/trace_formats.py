@@ -139,7 +139,7 @@ def resolve_mapping(path: Path, columns: list[str], fmt: str | None,
     if fmt is not None and fmt not in FORMAT_NAMES:
         raise TraceError(f"trace_format: unknown format {fmt!r} (choose from {', '.join(FORMAT_NAMES)})")
     if fmt == "mapped" and mapping is None:
-        raise TraceError("trace_format mapped needs --mapping arrival=COL,prompt=COL,output=COL")
+        raise TraceError("trace_format mapped needs a mapping arrival=COL,prompt=COL,output=COL")
     name = fmt if fmt is not None else detect_format(columns)
     if name is None and mapping is None:
         shown = ", ".join(columns[:12]) + (", ..." if len(columns) > 12 else "")

@@ -90,7 +90,7 @@ def transform_trace(tf: TraceFrame, *, time_scale: float | None = None, rate: fl
         span_s = float(df.get_column("arrival_s").max())
         factor = (df.height - 1) / span_s / rate if span_s > 0 else math.inf
         if not math.isfinite(factor):
-            raise TraceError(f"{tf.path}: --rate: every request arrives at the same time; nothing to rescale")
+            raise TraceError(f"{tf.path}: every request arrives at the same time; a rate cannot rescale it")
         df = df.with_columns(pl.col("arrival_s") * factor)
     return tf.with_frame(df)
 

@@ -455,7 +455,7 @@ async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
         except OSError as exc:
             for o in out:
                 await o.stop()
-            raise OSError(f"--port: cannot listen on {cfg.host}:{port}: {exc.strerror or exc}") from None
+            raise OSError(f"port: cannot listen on {cfg.host}:{port}: {exc.strerror or exc}") from None
         inst.url = f"http://{cfg.host}:{port}"
         out.append(inst)
     return out

@@ -142,7 +142,7 @@ class RLRouter:
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
-                raise CheckpointError(f"router {self.variant}: needs --profile or --checkpoint")
+                raise CheckpointError(f"router {self.variant}: needs a profile or a checkpoint")
             checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload)
         self.policy = QPolicy.load(checkpoint)
         meta = self.policy.meta
