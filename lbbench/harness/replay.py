@@ -51,7 +51,7 @@ from ..core import Failed, Finished, InstanceSpec, MetricsSample, Request, Reque
 from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
-from ..live.drive import Drive, probe_health
+from ..live.drive import Drive, probe_health, quiet_gc
 from ..live.metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
@@ -468,7 +468,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
             for sig in (signal.SIGINT, signal.SIGTERM):
                 saved[sig] = signal.getsignal(sig)
                 loop.add_signal_handler(sig, replay.request_stop, sig.name)
-        return loop.run_until_complete(replay.run())
+        with quiet_gc():
+            return loop.run_until_complete(replay.run())
     finally:
         for sig, handler in saved.items():
             loop.remove_signal_handler(sig)

@@ -107,3 +107,15 @@ async def test_check_health_feeds_changes_and_runs_an_epoch_when_one_comes_back(
     await drive.check_health(probe, [1])
     assert drive.healthy_indices() == [0, 1] and got == [1] and len(drive) == 0
     drive.close()
+
+
+def test_quiet_gc_freezes_during_the_run_and_restores_the_collector():
+    import gc
+
+    from lbbench.live.drive import QUIET_GC_THRESHOLD, quiet_gc
+
+    before = gc.get_threshold()
+    with quiet_gc():
+        assert gc.get_threshold() == QUIET_GC_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
