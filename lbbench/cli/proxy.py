@@ -77,7 +77,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         await gw.drain(drain_timeout_s)
         await runner.cleanup()
 
-    from ..harness.replay import new_event_loop
+    from ..live.drive import new_event_loop
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as runner_:
             runner_.run(main())

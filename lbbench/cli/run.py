@@ -110,6 +110,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
         engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
+        stream_workers=kw["stream_workers"],
     )
 
 
@@ -184,6 +185,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True,
               help="Live runs: seconds before a request is recorded as failed.")
+@click.option("--stream-workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Live runs: worker processes that send and read the streams, leaving the dispatcher's process "
+                   "only the schedule and the decisions (0: one process).")
 @click.option("--timeline-interval", type=float, default=1.0, show_default=True,
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
 @_trace_options_decorator

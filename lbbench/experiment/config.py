@@ -85,6 +85,8 @@ class RunConfig:
     vllm_python: str | None = None
     """Python of the vLLM environment for launched servers."""
     request_timeout_s: float = 600.0
+    stream_workers: int = 0
+    """Live: worker processes that send and read the streams (0: all in the dispatcher's process)."""
     backend: str = "sim"
     """``sim`` or ``live`` (set by ``resolved()`` from the endpoints / launch fields)."""
 
@@ -166,6 +168,8 @@ class RunConfig:
     def _check_live(self) -> None:
         if self.endpoints and self.launch_model:
             raise ConfigError("launch new servers or attach to running ones, not both", "launch_model")
+        if self.stream_workers < 0:
+            raise ConfigError(f"{self.stream_workers}: must be >= 0", "stream_workers")
         if self.api not in APIS:
             raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
         if self.prompt_mode not in PROMPT_MODES:

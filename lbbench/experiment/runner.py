@@ -237,6 +237,7 @@ class LiveFleet:
                          request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
                          priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
                          scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
+                         stream_workers=cfg.stream_workers,
                          progress=lambda done, total: reporter.unit_progress(unit.label, done, total))
         if self._prompt_texts:
             from ..harness.text_prompts import prompt_length_mismatches

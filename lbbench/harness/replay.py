@@ -47,11 +47,12 @@ from typing import Callable, Sequence
 import aiohttp
 import polars as pl
 
-from ..core import Failed, Finished, InstanceSpec, MetricsSample, Request, RequestRecord, chain_sessions
+from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, Request, RequestRecord,
+                    TokensGenerated, chain_sessions)
 from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
-from ..live.drive import Drive, probe_health, quiet_gc
+from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc, warm_connections
 from ..live.metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
@@ -143,9 +144,14 @@ class _Replay:
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
-                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None):
+                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
+                 stream_workers: int = 0):
         self.engine = engine
         self.label = label or router.name
+        self.stream_workers = stream_workers
+        self.workers = None
+        #: requests handed to stream workers: id -> (request, instance, dispatch_s, planned_s)
+        self.remote: dict[int, tuple[Request, int, float, float]] = {}
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         # closed-loop sessions: a later turn is sent once the turn before it finished, plus its think time
         self._stream, self._next_turn = chain_sessions(self.requests)
@@ -199,7 +205,11 @@ class _Replay:
                                    priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
                 self.backend = backend
                 await self._warm_pool()
+                if self.stream_workers:
+                    self.workers = self._start_workers()
                 self.drive.start_clock(0.01)  # a little lead-in for the first arrival
+                if self.workers is not None:
+                    self.workers.start(self.loop, self.drive.t0, self._on_worker_item, self._crash)
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
@@ -214,6 +224,8 @@ class _Replay:
                     t.cancel()
                 await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
         finally:
+            if self.workers is not None:
+                self.workers.close()
             if partial is not None:
                 partial.close()
         if self.error is not None:
@@ -225,18 +237,29 @@ class _Replay:
                             duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                             model=self.model, clock_origin_s=self.drive.t0)
 
+    def _start_workers(self):
+        from ..live.workers import StreamWorkers, WorkerSettings
+        settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.api,
+                                  engine=self.engine.name, request_timeout_s=self.request_timeout_s,
+                                  min_step_s=self.min_step_s,
+                                  warm_connections=min(self.warm_connections, len(self.requests)))
+        return StreamWorkers(self.stream_workers, settings)
+
+    def _on_worker_item(self, item: tuple) -> None:
+        """A batch item from a stream worker: token events, or a request's whole result."""
+        kind, rid, inst = item[0], item[1], item[2]
+        if kind == "first":
+            self.drive.observe(FirstToken(rid, inst, item[3]))
+        elif kind == "tokens":
+            self.drive.observe(TokensGenerated(rid, inst, item[3], item[4]))
+        elif kind == "done":
+            req, inst, dispatch_s, planned_s = self.remote.pop(rid)
+            self._finish(req, inst, dispatch_s, planned_s, item[3])
+
     async def _warm_pool(self) -> None:
         """Open ``warm_connections`` keep-alive connections per endpoint before
         the clock starts, so the first burst does not pay for TCP connects."""
-        async def one(url: str) -> None:
-            try:
-                async with self.backend.session.get(url + "/health",
-                                                    timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                    await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-        n = min(self.warm_connections, len(self.requests))
-        await asyncio.gather(*(one(u) for u in self.endpoints for _ in range(n)))
+        await warm_connections(self.backend.session, self.endpoints, min(self.warm_connections, len(self.requests)))
 
     def _crash(self, exc: BaseException) -> None:
         """Stop the run and make ``run`` raise ``exc`` (after keeping what finished)."""
@@ -292,6 +315,11 @@ class _Replay:
 
     def _dispatched(self, req: Request, inst: int, now: float) -> None:
         held = now - self.arrived_at.pop(req.request_id, now)
+        if self.workers is not None:
+            self.remote[req.request_id] = (req, inst, now, req.arrival_s + held)
+            prio = self.priority_of(req) if self.priority_of is not None else None
+            self.workers.submit(req, inst, prio, (self.prompt_texts or {}).get(req.request_id))
+            return
         task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
         self.in_flight.add(task)
         task.add_done_callback(self._send_done)
@@ -302,9 +330,11 @@ class _Replay:
 
     # -- one request -------------------------------------------------------------------------
     async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float) -> None:
-        rid = req.request_id
-        observe = self.drive.observe
-        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(rid, inst))
+        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst))
+        self._finish(req, inst, dispatch_s, planned_s, res)
+
+    def _finish(self, req: Request, inst: int, dispatch_s: float, planned_s: float, res: StreamResult) -> None:
+        rid, observe = req.request_id, self.drive.observe
         now = self.now()
         if res.error is None:
             observe(Finished(rid, inst, res.finish_s if res.finish_s is not None else now,
@@ -361,7 +391,7 @@ class _Replay:
             down = [iv.index for iv in self.state.view().instances if not iv.healthy]
             if down:
                 await self.drive.check_health(self._probe, down)
-            stuck = len(self.drive) > 0 and not self.in_flight and (
+            stuck = len(self.drive) > 0 and not self.in_flight and not self.remote and (
                 self.num_arrived == len(self.requests) or not self.drive.healthy_indices())
             now = self.now()
             if not stuck:
@@ -402,16 +432,6 @@ class _Replay:
             return None
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's event loop where it is installed (less per-event overhead for the many streamed chunks of a
-    replay), else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[str], *,
                model: str | None = None, specs: Sequence[InstanceSpec] | None = None,
                run_id: str, seed: int, out_dir: str | Path | None = None,
@@ -422,7 +442,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
                priority_of: Callable[[Request], int] | None = None,
                prompt_texts: dict[int, str] | None = None,
-               engine: Engine | str | None = None, label: str | None = None) -> ReplayResult:
+               engine: Engine | str | None = None, label: str | None = None,
+               stream_workers: int = 0) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -434,6 +455,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
     endpoints that take only text. ``engine`` (:mod:`lbbench.engines`, default vLLM) names the request fields and
     the metrics of the endpoints' engine. ``label`` is the records' ``router`` column (default: the router's name).
+    ``stream_workers`` > 0 sends and reads the streams in that many worker processes (``lbbench.live.workers``),
+    leaving this process only the schedule, the decisions and the records.
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -459,7 +482,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
                      priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
-                     label=label)
+                     label=label, stream_workers=stream_workers)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

@@ -64,6 +64,29 @@ async def probe_health(session: aiohttp.ClientSession, url: str, timeout_s: floa
         return False
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (less per-event overhead for the many streamed chunks of a
+    replay), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+
+async def warm_connections(session: aiohttp.ClientSession, endpoints: Sequence[str], per_endpoint: int) -> None:
+    """Open ``per_endpoint`` keep-alive connections to each endpoint (``GET /health``) before a run's clock
+    starts, so its first burst does not pay for TCP connects."""
+    async def one(url: str) -> None:
+        try:
+            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+    await asyncio.gather(*(one(u) for u in endpoints for _ in range(per_endpoint)))
+
+
 class Drive:
     def __init__(self, router: Router, specs: Sequence[InstanceSpec], *, min_step_s: float,
                  on_dispatch: DispatchFn, on_error: Callable[[BaseException], None] | None = None):

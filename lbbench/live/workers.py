@@ -1,0 +1,206 @@
+"""Stream handling in worker processes: the dispatcher keeps time, the workers read the streams.
+
+One event loop that both keeps the arrival schedule and reads every streamed chunk falls behind when an engine
+step answers hundreds of streams at once: each chunk costs tens of microseconds in the HTTP stack, so a burst of
+250 chunks holds the next send for several milliseconds. With ``stream_workers=N`` the replay's dispatcher
+(schedule, decision epochs, cluster state, records) stays in its process and hands each dispatched request to one
+of ``N`` worker processes, which send it, read its stream and return, batched once per loop iteration:
+
+- ``("first", request_id, instance, t)`` and ``("tokens", request_id, instance, t, count)``: the same throttled
+  token events ``Drive.token_observer`` makes (first token, then at most one per ``min_step_s``);
+- ``("done", request_id, instance, StreamResult)``: the whole result, token times included.
+
+Every time is ``time.monotonic()`` minus the run's zero, which the dispatcher sends to each worker, so times
+from all processes share one clock. ``actual_send_s`` is still taken when the HTTP request starts, in the worker:
+the dispatch lag a record shows includes the hand-over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core import Request
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    endpoints: tuple[str, ...]
+    model: str
+    api: str
+    engine: str
+    request_timeout_s: float
+    min_step_s: float
+    warm_connections: int
+
+
+class _Worker:
+    def __init__(self, conn: Any, settings: WorkerSettings):
+        self.conn = conn
+        self.s = settings
+        self.t0 = time.monotonic()
+        self.prios: dict[int, int | None] = {}
+        self.outbox: list[tuple] = []
+        self.tasks: set[asyncio.Task] = set()
+        self._flush_pending = False
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def run(self) -> None:
+        from ..engines import get_engine
+        from .drive import warm_connections
+        from .http import HttpBackend
+
+        self.loop = asyncio.get_running_loop()
+        self.stopped = asyncio.Event()
+        async with HttpBackend(model=self.s.model, clock=self.now, api=self.s.api, engine=get_engine(self.s.engine),
+                               request_timeout_s=self.s.request_timeout_s,
+                               priority_of=lambda r: self.prios.get(r.request_id)) as backend:
+            self.backend = backend
+            await warm_connections(backend.session, self.s.endpoints, self.s.warm_connections)
+            self.conn.send([("ready",)])
+            self.loop.add_reader(self.conn.fileno(), self._readable)
+            await self.stopped.wait()
+            self.loop.remove_reader(self.conn.fileno())
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                msg = self.conn.recv()
+                kind = msg[0]
+                if kind == "send":
+                    _, req, inst, prio, text = msg
+                    self.prios[req.request_id] = prio
+                    if text is not None:
+                        self.backend.prompt_texts[req.request_id] = text
+                    task = self.loop.create_task(self._one(req, inst))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+                elif kind == "t0":
+                    self.t0 = msg[1]
+                elif kind == "stop":
+                    self.stopped.set()
+                    return
+        except (EOFError, OSError):  # the dispatcher went away
+            self.stopped.set()
+
+    def _emit(self, item: tuple) -> None:
+        self.outbox.append(item)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        batch, self.outbox = self.outbox, []
+        try:
+            self.conn.send(batch)
+        except (BrokenPipeError, OSError):
+            self.stopped.set()
+
+    async def _one(self, req: Request, inst: int) -> None:
+        rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
+        last = [-math.inf]
+
+        def on_tokens(count: int, t: float) -> None:
+            if last[0] == -math.inf:
+                emit(("first", rid, inst, t))
+                last[0] = t
+            elif t - last[0] >= step_s:
+                emit(("tokens", rid, inst, t, count))
+                last[0] = t
+
+        res = await self.backend.send(self.s.endpoints[inst], req, on_tokens)
+        self.prios.pop(rid, None)
+        self.backend.prompt_texts.pop(rid, None)
+        emit(("done", rid, inst, res))
+
+
+def worker_main(conn: Any, settings: WorkerSettings) -> None:
+    """A stream worker's process: serve jobs from ``conn`` until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the dispatcher decides when a run stops
+    from .drive import new_event_loop
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(_Worker(conn, settings).run())
+    finally:
+        loop.close()
+        conn.close()
+
+
+class StreamWorkers:
+    """The dispatcher's side: ``n`` spawned worker processes and their pipes."""
+
+    def __init__(self, n: int, settings: WorkerSettings, start_timeout_s: float = 60.0):
+        ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's event loop
+        self.conns = []
+        self.procs = []
+        self.load = [0] * n
+        self.worker_of: dict[int, int] = {}
+        for i in range(n):
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=worker_main, args=(child, settings), name=f"lbbench-stream-{i}", daemon=True)
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        for i, conn in enumerate(self.conns):
+            if not conn.poll(start_timeout_s) or conn.recv() != [("ready",)]:
+                self.close()
+                raise RuntimeError(f"stream worker {i} did not start within {start_timeout_s:g}s")
+
+    def start(self, loop: asyncio.AbstractEventLoop, t0: float, on_item: Callable[[tuple], None],
+              on_error: Callable[[BaseException], None]) -> None:
+        """Send the run's clock zero and start reading the workers' batches on ``loop``."""
+        self.loop = loop
+        self.on_item = on_item
+        self.on_error = on_error
+        for i, conn in enumerate(self.conns):
+            conn.send(("t0", t0))
+            loop.add_reader(conn.fileno(), self._readable, i)
+
+    def submit(self, req: Request, inst: int, priority: int | None, prompt_text: str | None) -> None:
+        """Hand a dispatched request to the least-loaded worker."""
+        i = min(range(len(self.conns)), key=self.load.__getitem__)
+        self.load[i] += 1
+        self.worker_of[req.request_id] = i
+        self.conns[i].send(("send", req, inst, priority, prompt_text))
+
+    def _readable(self, i: int) -> None:
+        conn = self.conns[i]
+        try:
+            while conn.poll():
+                for item in conn.recv():
+                    if item[0] == "done":
+                        w = self.worker_of.pop(item[1], None)
+                        if w is not None:
+                            self.load[w] -= 1
+                    self.on_item(item)
+        except (EOFError, OSError) as exc:
+            self.loop.remove_reader(conn.fileno())
+            self.on_error(RuntimeError(f"stream worker {i} exited ({type(exc).__name__})"))
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                if getattr(self, "loop", None) is not None:
+                    self.loop.remove_reader(conn.fileno())
+                conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        for conn in self.conns:
+            conn.close()
