@@ -21,9 +21,12 @@ def test_paper_setup_runs_and_prints_the_paper_numbers(tmp_path, monkeypatch):
     assert (tmp_path / "p" / "summary.parquet").is_file()
 
 
-def test_paper_setup_without_a_checkpoint_or_trace_exits_2(tmp_path):
+def test_paper_setup_without_a_checkpoint_or_trace_exits_2(tmp_path, monkeypatch):
     runner = CliRunner()
+    s8 = cli_paper.SETUPS["scale8"]
+    six = cli_paper.Setup(tuple("6" if f == "8" else f for f in s8.flags), s8.paper_pct)
+    monkeypatch.setitem(cli_paper.SETUPS, "scale8", six)  # no checkpoint is shipped for 6 instances
     res = runner.invoke(main, ["paper", "scale8", "--out", str(tmp_path / "s")])
-    assert res.exit_code == 2 and "no shipped checkpoint for profile 'llama2-7b-v100' with 8 instances" in res.output
+    assert res.exit_code == 2 and "no shipped checkpoint for profile 'llama2-7b-v100' with 6 instances" in res.output
     res = runner.invoke(main, ["paper", "production", "--out", str(tmp_path / "q")])
     assert res.exit_code == 2 and "--trace" in res.output
