@@ -21,25 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import polars as pl
+from bench_proxy import wait_healthy  # bench/ is on the path when run as a script
 
 from lbbench.experiment import RunConfig, run_experiment
-
-
-def _wait_ready(urls: list[str], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for url in urls:
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"serve-sim at {url} did not come up")
-                time.sleep(0.2)
 
 
 def _cpu_s() -> float:
@@ -61,7 +48,8 @@ def main() -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
-        _wait_ready(urls)
+        for url in urls:
+            wait_healthy(url)
         plan = [(rep, int(w)) for rep in range(args.repeats) for w in args.stream_workers.split(",")]
         for rep, workers in plan:
             cfg = RunConfig(profile="llama3.1-8b-a100", endpoints=urls, workload="paper-mix",

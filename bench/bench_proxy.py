@@ -61,7 +61,7 @@ async def throughput(url: str, body: bytes, concurrency: int, seconds: float) ->
     return {"requests": done, "requests_per_s": done / wall, "concurrency": concurrency}
 
 
-def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
+def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
     import urllib.request
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -92,13 +92,13 @@ def main() -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         for u in backends:
-            _wait_healthy(u)
+            wait_healthy(u)
         cmd = lb + ["proxy", "--port", str(gw_port), "--router", "round_robin"]
         for u in backends:
             cmd += ["--endpoint", u]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         gw = f"http://127.0.0.1:{gw_port}"
-        _wait_healthy(gw)
+        wait_healthy(gw)
         model = json.loads(__import__("urllib.request").request.urlopen(backends[0] + "/v1/models").read())
         body = json.dumps({"model": model["data"][0]["id"], "prompt": [1, 2, 3, 4], "max_tokens": 1}).encode()
         lat = asyncio.run(added_latency(backends[0], gw, body, args.requests))

@@ -29,20 +29,10 @@ from pathlib import Path
 
 import polars as pl
 
+from bench_proxy import wait_healthy  # bench/ is on the path when run as a script
+
 from lbbench.engines.vllm.emulator import free_port, free_port_range
 from lbbench.experiment import RunConfig, run_experiment
-
-
-def _wait_healthy(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} not healthy after {timeout_s:g}s")
 
 
 def _in_flight(gateway: str, backend: str) -> int:
@@ -62,12 +52,12 @@ def one_run(args: argparse.Namespace, seed: int) -> dict:
     killed: dict = {}
     try:
         for u in backends:
-            _wait_healthy(u)
+            wait_healthy(u)
         cmd = lb + ["proxy", "--port", str(gw_port), "--router", "least_requests"]
         for u in backends:
             cmd += ["--endpoint", u]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_healthy(gw)
+        wait_healthy(gw)
 
         def kill() -> None:
             killed["in_flight"] = _in_flight(gw, backends[2])

@@ -45,7 +45,6 @@ def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-
 def _chunked(value: str) -> list[bool | None]:
     return {"on": [True], "off": [False], "both": [False, True], "profile": [None]}[value]
 

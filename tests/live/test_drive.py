@@ -81,8 +81,7 @@ def test_a_router_error_goes_to_on_error_when_set_and_is_raised_otherwise():
 def test_token_observer_sends_first_token_then_at_most_one_update_per_step():
     drive = Drive(_DeferN(0), [InstanceSpec()] * 2, min_step_s=0.05, on_dispatch=lambda *a: None)
     seen = []
-    drive.observe = seen.append  # what reaches the state
-    drive.dispatcher.observe = seen.append
+    drive.dispatcher.observe = seen.append  # what reaches the state
     obs = drive.token_observer(3, 1)
     for count, t in [(1, 1.00), (2, 1.01), (3, 1.04), (4, 1.05), (5, 1.07), (6, 1.11)]:
         obs(count, t)
