@@ -96,6 +96,14 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     if len(val):
         line += f"; exported network: validation mean E2E {val.min():.2f} s"
     click.echo(line)
+    from ..routers.rl.policy import load_policy
+    meta = load_policy(out).meta
+    v = meta.get("validation")
+    if v:
+        uses = ("its guidance heuristic (the network lost to it)" if meta.get("gate") == "heuristic"
+                else "the network")
+        click.echo(f"validation gate on fresh seeds: network {v['network_e2e_s']:.2f} s, guidance heuristic "
+                   f"{v['heuristic_e2e_s']:.2f} s mean E2E; the checkpoint routes with {uses}")
     click.echo(f"checkpoint: {out / 'policy.npz'}  curve: {out / 'curve.parquet'}")
 
 
@@ -112,7 +120,8 @@ def _validate(cfg: TrainConfig) -> None:
               (0.0 < cfg.gamma < 1.0, "--gamma", "must be in (0, 1)"),
               (cfg.lr > 0, "--lr", "must be > 0"),
               (cfg.n_step >= 1, "--n-step", "must be >= 1"),
-              (cfg.max_defer_s > 0, "--max-defer-s", "must be > 0"),
+              (cfg.max_defer_s >= 0, "--max-defer-s", "must be >= 0 (0: never defer while an instance is up)"),
+              (cfg.network in ("mlp", "shared"), "--network", f"{cfg.network!r} is not one of mlp, shared"),
               (not cfg.trace or Path(cfg.trace).is_file(), "--trace", f"{cfg.trace}: no such file"),
               (workload_ok, "--workload", f"unknown workload {cfg.workload!r} (choose from "
                                           f"{', '.join(WORKLOADS)}, dataset:FILE, or give --trace FILE)")]

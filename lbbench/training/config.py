@@ -44,8 +44,10 @@ class TrainConfig:
     """Training episodes."""
     seed: int = 0
     """Seed for the networks, exploration and the training workloads."""
+    network: str = "mlp"
+    """Q-network: mlp (the paper's, obs -> hidden -> hidden -> actions) | shared (deviation: one MLP scores every instance from [head, instance, mean over instances] plus one for defer; permutation-equivariant)."""
     hidden: int = 0
-    """Hidden layer width (0: 64 up to 4 instances, 128 above)."""
+    """Hidden layer width (0: mlp 64 up to 4 instances, 128 above; shared 64)."""
     lr: float = 5e-4
     """Adam learning rate."""
     gamma: float = 0.99
@@ -89,11 +91,13 @@ class TrainConfig:
     guidance_scale: float = 1.0
     """Multiplies the guidance gap h (1 = the paper's; a deviation otherwise)."""
     max_defer_s: float = 30.0
-    """A request may be deferred at most this long at the router."""
+    """A request may be deferred at most this long at the router (0: never defer while an instance is up)."""
     instance_scheduler: str = "fcfs"
     """Instance-level scheduler of the simulated engines."""
     chunked_prefill: bool | None = None
     """Force chunked prefill on/off (default: the profile's)."""
+    validation_gate: bool = True
+    """Safeguard: also validate the guidance heuristic; when it beats the exported network, mark the checkpoint so that the router routes with the heuristic (`--router-opt wgrl.gate=false` overrides)."""
     val_seeds: int = 2
     """Validation workloads that pick the exported network among the greedy episodes."""
     train_seed_base: int = 1_000_000

@@ -26,7 +26,12 @@ among those at the end of each greedy episode, with the lowest mean E2E on
 routed through ``ClusterSim.run`` like an evaluation); the last network when
 there was no greedy episode. ``last/policy.npz`` holds the final network.
 Validation uses the training predictor and, for a trace, windows of it at the
-validation seeds. The policy's metadata records what it was trained on
+validation seeds. With ``validation_gate`` (the default) the exported network
+and its guidance heuristic are then both validated on ``val_seeds`` further
+workloads (fresh ones: those that selected the network flatter it), and when the heuristic beats it
+the checkpoint is marked ``gate = "heuristic"``: the router then routes with
+the heuristic (a safeguard: a network is deployed only where it validated better
+than its guidance). The policy's metadata records what it was trained on
 (``trained_on``), the mixing parameters of its fallback heuristic and the
 range of the states it was trained on (``obs_low``/``obs_high``, for the
 router's out-of-distribution guard, see ``lbbench.routers.rl.policy``). Training workloads use
@@ -52,7 +57,7 @@ from torch import nn
 
 from lbbench import __version__
 from lbbench.profiles import Profile, load_profile
-from lbbench.routers.rl.policy import QPolicy
+from lbbench.routers.rl.policy import QPolicy, SharedQPolicy
 from lbbench.training.config import TrainConfig
 from lbbench.training.env import RewardConfig, RouterEnv
 from lbbench.training.episodes import episode_source
@@ -68,6 +73,46 @@ class QNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
+
+
+class SharedQNetwork(nn.Module):
+    """Permutation-equivariant Q-network (``--network shared``, a deviation from the
+    paper's MLP): ``Q_i = f([head, x_i, mean_j x_j])`` with one MLP ``f`` shared by
+    every instance, ``Q_defer = g([head, mean_j x_j])``. Exported as
+    ``SharedQPolicy`` (numpy); see ``lbbench.routers.rl.policy``."""
+
+    def __init__(self, head_dim: int, num_instances: int, per_instance_dim: int, hidden: int):
+        super().__init__()
+        self.h, self.m, self.k = head_dim, num_instances, per_instance_dim
+        self.inst = nn.Sequential(nn.Linear(head_dim + 2 * per_instance_dim, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.defer = nn.Sequential(nn.Linear(head_dim + per_instance_dim, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        single = x.dim() == 1
+        if single:
+            x = x.unsqueeze(0)
+        head = x[:, :self.h]
+        inst = x[:, self.h:].reshape(-1, self.m, self.k)
+        pooled = inst.mean(dim=1)
+        xi = torch.cat([head.unsqueeze(1).expand(-1, self.m, -1), inst,
+                        pooled.unsqueeze(1).expand(-1, self.m, -1)], dim=2)
+        q = torch.cat([self.inst(xi).squeeze(2), self.defer(torch.cat([head, pooled], dim=1))], dim=1)
+        return q.squeeze(0) if single else q
+
+
+NETWORKS = ("mlp", "shared")
+
+
+def make_network(cfg: TrainConfig, spec) -> nn.Module:
+    """The Q-network ``cfg.network`` names, for a feature spec."""
+    if cfg.network == "shared":
+        head_dim = spec.obs_dim - cfg.instances * spec.per_instance_dim
+        return SharedQNetwork(head_dim, cfg.instances, spec.per_instance_dim, cfg.hidden or 64)
+    if cfg.network != "mlp":
+        raise ValueError(f"network: {cfg.network!r} is not one of {', '.join(NETWORKS)}")
+    return QNetwork(spec.obs_dim, cfg.instances + 1, cfg.hidden_width())
 
 
 class ReplayBuffer:
@@ -160,24 +205,37 @@ def permute_instances(rng: np.random.Generator, obs: np.ndarray, action: np.ndar
     return blocks(obs), new_action, blocks(next_obs), new_mask
 
 
-def export_policy(q: QNetwork, meta: dict) -> QPolicy:
-    """The torch network as a numpy ``QPolicy`` (weights transposed to (in, out))."""
-    layers = [m for m in q.net if isinstance(m, nn.Linear)]
-    weights = [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in layers]
-    return QPolicy(weights, meta)
+def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy())
+            for m in seq if isinstance(m, nn.Linear)]
 
 
-def validate(policy: QPolicy, profile: Profile, cfg: TrainConfig, workloads: list) -> float:
+def export_policy(q: nn.Module, meta: dict) -> QPolicy | SharedQPolicy:
+    """The torch network as a numpy policy (weights transposed to (in, out))."""
+    if isinstance(q, SharedQNetwork):
+        meta = dict(meta, network={"arch": "shared", "head_dim": q.h, "num_instances": q.m,
+                                   "per_instance_dim": q.k})
+        return SharedQPolicy(_numpy_layers(q.inst), _numpy_layers(q.defer), meta)
+    return QPolicy(_numpy_layers(q.net), dict(meta, network={"arch": "mlp"}))
+
+
+def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig, workloads: list,
+             heuristic: bool = False, seed_of: list[int] | None = None) -> float:
     """Mean E2E (s) of a greedy policy over fixed validation workloads, routed by
-    the numpy router through ``ClusterSim.run`` exactly as ``lbbench run`` does."""
+    the numpy router through ``ClusterSim.run`` exactly as ``lbbench run`` does;
+    with ``heuristic`` the router's guidance heuristic instead of the network."""
     from lbbench.routers.rl.policy import ROUTER_CLASSES
     from lbbench.sim.cluster import ClusterSim
     with tempfile.TemporaryDirectory() as tmp:
+        if heuristic:
+            policy = type(policy).load(policy.save(tmp))
+            policy.meta["gate"] = "heuristic"
         policy.save(tmp)
         router = ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp)
     e2e = []
     for k, reqs in enumerate(workloads):
-        recs = ClusterSim(profile, cfg.instances, reqs, seed=cfg.train_seed_base - 1 - k,
+        sim_seed = seed_of[k] if seed_of else cfg.train_seed_base - 1 - k
+        recs = ClusterSim(profile, cfg.instances, reqs, seed=sim_seed,
                           instance_scheduler=cfg.instance_scheduler,
                           chunked_prefill=cfg.chunked_prefill).run(router)
         e2e += [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
@@ -207,8 +265,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                     reward_cfg, instance_scheduler=cfg.instance_scheduler,
                     chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s)
     obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
-    q = QNetwork(obs_dim, n_act, cfg.hidden_width())
-    q_target = QNetwork(obs_dim, n_act, cfg.hidden_width())
+    q = make_network(cfg, env.feature_spec)
+    q_target = make_network(cfg, env.feature_spec)
     q_target.load_state_dict(q.state_dict())
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
     buf = ReplayBuffer(cfg.buffer_size, obs_dim, n_act)
@@ -229,7 +287,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
 
     validation = [episodes(cfg.train_seed_base - 1 - k) for k in range(cfg.val_seeds)]
     rows: list[dict] = []
-    best: tuple[float, QPolicy] | None = None
+    best: tuple[float, QPolicy | SharedQPolicy] | None = None
     step = 0
     sum_reward, sum_epochs = 0.0, 0.0  # for reward centering
     t_start = time.perf_counter()
@@ -319,6 +377,15 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
         last = export_policy(q, dict(meta, episode=cfg.episodes - 1, **ranges))
         chosen = best[1] if best else last
         chosen.meta.update(ranges)
+        if best is not None and cfg.validation_gate:
+            # fresh workloads: the selection seeds flatter the network they selected
+            seeds = [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds, 2 * cfg.val_seeds)]
+            gate_wl = [episodes(sd) for sd in seeds]
+            net_e2e = validate(chosen, prof, cfg, gate_wl, seed_of=seeds)
+            heuristic_e2e = validate(chosen, prof, cfg, gate_wl, heuristic=True, seed_of=seeds)
+            chosen.meta["validation"] = {"network_e2e_s": net_e2e, "heuristic_e2e_s": heuristic_e2e,
+                                         "seeds": seeds, "selection_e2e_s": best[0]}
+            chosen.meta["gate"] = "heuristic" if heuristic_e2e < net_e2e else "network"
         chosen.save(out)
         last.save(out / "last")
         curve.write_parquet(out / "curve.parquet")

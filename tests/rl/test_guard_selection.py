@@ -62,6 +62,22 @@ def test_out_of_distribution_states_fall_back_to_the_guidance_heuristic(tmp_path
     assert off.route([head], view, 0.0).instance == 2 and off.num_fallbacks == 0
 
 
+def test_validation_gate_routes_with_the_heuristic_when_it_validated_better(tmp_path):
+    pol = _policy(-10.0, 10.0)  # in distribution everywhere: only the gate can hand over
+    pol.meta["gate"] = "heuristic"
+    pol.save(tmp_path)
+    view = _busy_state().view()
+    head = Request(5, 0.0, 200, 50)
+    gated = WorkloadGuidedRL(3, checkpoint=tmp_path)
+    assert gated.route([head], view, 0.0).instance == 0 and gated.num_fallbacks == 1
+    assert gated.route([], view, 0.0) is None
+    forced = WorkloadGuidedRL(3, checkpoint=tmp_path, gate=False)
+    assert forced.route([head], view, 0.0).instance == 2 and forced.num_fallbacks == 0
+    pol.meta["gate"] = "network"
+    pol.save(tmp_path)
+    assert WorkloadGuidedRL(3, checkpoint=tmp_path).route([head], view, 0.0).instance == 2
+
+
 def test_shipped_checkpoint_prefers_the_workload_it_was_trained_on(tmp_path, monkeypatch):
     monkeypatch.setattr(pol_mod, "SHIPPED_DIR", tmp_path)
     _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x")

@@ -61,6 +61,11 @@ def test_checkpoint_records_what_it_was_trained_on(tmp_path, tiny_cfg):
     assert meta["mixing"]["estimator"] == "paper" and meta["mixing"]["grad1"] == PROFILE.grad1
     assert len(meta["obs_low"]) == len(meta["obs_high"]) == QPolicy.load(tmp_path).obs_dim
     assert all(lo <= hi for lo, hi in zip(meta["obs_low"], meta["obs_high"]))
+    # the validation gate: network and heuristic on fresh seeds, below the selection seeds
+    v = meta["validation"]
+    assert v["seeds"] == [tiny_cfg.train_seed_base - 3, tiny_cfg.train_seed_base - 4]
+    assert meta["gate"] == ("heuristic" if v["heuristic_e2e_s"] < v["network_e2e_s"] else "network")
+    assert v["network_e2e_s"] > 0 and v["heuristic_e2e_s"] > 0
 
 
 def test_options_train(tmp_path, tiny_cfg):

@@ -9,6 +9,15 @@ the valid actions for the head of the queue: action ``i < m`` sends it to
 instance ``i``, action ``m`` defers (the dispatcher then tries again at the next
 decision epoch).
 
+``SharedQPolicy`` (``meta["network"]["arch"] == "shared"``, ``lbbench train
+--network shared``) is the permutation-equivariant alternative: one small MLP
+scores every instance from ``[head, instance i, mean over instances]`` and a
+second scores *defer* from ``[head, mean over instances]``. The instances are
+interchangeable, so relabelling them relabels the Q-values the same way, by
+construction rather than by learning every ordering separately (the plain MLP's
+weakness); its weights are stored as ``iw*/ib*`` and ``dw*/db*``.
+``load_policy`` reads either.
+
 Without an explicit checkpoint the router uses the one shipped in
 ``lbbench/checkpoints/<variant>/<profile>-<m>x[-<workload>]/``: the one trained
 on the run's workload when there is one (``workload=`` router option, e.g.
@@ -24,6 +33,14 @@ features are O(1)-scaled), the router does not consult the network and routes
 with its guidance heuristic instead: the least mixing penalty (the paper's
 ``r_mix``, ``lbbench.routers.mixing``) with the profile's parameters recorded
 in the checkpoint. ``num_fallbacks`` counts those decisions.
+
+**Validation gate** (``gate=True``, the default). Training validates the
+exported network *and* its guidance heuristic on the same validation workloads
+(seeds disjoint from any evaluation seed) and records both in
+``meta["validation"]``; when the heuristic did better, ``meta["gate"]`` is
+``"heuristic"`` and the router routes every decision with the heuristic (each
+counted in ``num_fallbacks``): a network that lost to its own guidance where it
+was trained is not deployed. ``gate=false`` routes with the network anyway.
 """
 
 from __future__ import annotations
@@ -74,32 +91,125 @@ class QPolicy:
 
     # -- files -------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
-        for i, (w, b) in enumerate(self.layers):
-            arrays[f"w{i}"], arrays[f"b{i}"] = w, b
-        arrays["meta"] = np.array(json.dumps(self.meta, sort_keys=True))
-        path = d / POLICY_FILE
-        with open(path, "wb") as fh:
-            np.savez(fh, **arrays)
-        return path
+        return _save_npz(directory, {"": self.layers}, self.meta)
 
     @classmethod
-    def load(cls, path: str | Path) -> "QPolicy":
-        p = Path(path)
-        if p.is_dir():
-            p = p / POLICY_FILE
-        if not p.is_file():
-            raise CheckpointError(f"checkpoint: no {POLICY_FILE} at {p.parent}")
+    def load(cls, path: str | Path) -> "QPolicy | SharedQPolicy":
+        """Read a checkpoint (either architecture; see ``load_policy``)."""
+        return load_policy(path)
+
+
+def _save_npz(directory: str | Path, networks: dict[str, Sequence[tuple[np.ndarray, np.ndarray]]],
+              meta: dict[str, Any]) -> Path:
+    """Write ``policy.npz``: each network's layers as ``<prefix>w<i>``/``<prefix>b<i>``, plus ``meta``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, np.ndarray] = {}
+    for prefix, layers in networks.items():
+        for i, (w, b) in enumerate(layers):
+            arrays[f"{prefix}w{i}"], arrays[f"{prefix}b{i}"] = w, b
+    arrays["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    path = d / POLICY_FILE
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+    return path
+
+
+def _mlp(x: np.ndarray, layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    last = len(layers) - 1
+    for i, (w, b) in enumerate(layers):
+        x = x @ w
+        x += b
+        if i < last:
+            np.maximum(x, 0.0, out=x)
+    return x
+
+
+def _chain(layers: Sequence[tuple[np.ndarray, np.ndarray]], what: str) -> list:
+    out = [(np.ascontiguousarray(w, dtype=np.float32), np.ascontiguousarray(b, dtype=np.float32))
+           for w, b in layers]
+    if not out:
+        raise CheckpointError(f"policy: the {what} network has no layers")
+    for (w0, _), (w1, _) in zip(out, out[1:]):
+        if w0.shape[1] != w1.shape[0]:
+            raise CheckpointError(f"policy: {what} layer shapes do not chain: {w0.shape} -> {w1.shape}")
+    if out[-1][0].shape[1] != 1:
+        raise CheckpointError(f"policy: the {what} network must end in one output")
+    return out
+
+
+class SharedQPolicy:
+    """Permutation-equivariant Q-network over float32 numpy arrays.
+
+    The observation is ``[head (head_dim)] + m x [instance (per_instance_dim)]``
+    (``FeatureSpec``'s layout). ``Q_i = f([head, x_i, mean_j x_j])`` for every
+    instance with one shared MLP ``f``, and ``Q_defer = g([head, mean_j x_j])``."""
+
+    def __init__(self, instance_layers, defer_layers, meta: dict[str, Any]):
+        net = meta.get("network") or {}
         try:
-            with np.load(p, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                n = sum(1 for k in z.files if k.startswith("w"))
-                weights = [(z[f"w{i}"], z[f"b{i}"]) for i in range(n)]
-        except (OSError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint: {p} is not a policy file: {exc}") from None
-        return cls(weights, meta)
+            self.head_dim = int(net["head_dim"])
+            self.num_instances = int(net["num_instances"])
+            self.per_instance_dim = int(net["per_instance_dim"])
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError("policy: a shared network needs head_dim, num_instances and "
+                                  "per_instance_dim in its metadata") from None
+        self.instance_layers = _chain(instance_layers, "instance")
+        self.defer_layers = _chain(defer_layers, "defer")
+        h, k = self.head_dim, self.per_instance_dim
+        if self.instance_layers[0][0].shape[0] != h + 2 * k or self.defer_layers[0][0].shape[0] != h + k:
+            raise CheckpointError("policy: shared network input widths do not fit its metadata")
+        self.meta = meta
+        self.obs_dim = h + self.num_instances * k
+        self.num_actions = self.num_instances + 1
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        h, m, k = self.head_dim, self.num_instances, self.per_instance_dim
+        head = obs[:h]
+        inst = obs[h:h + m * k].reshape(m, k)
+        pooled = inst.mean(axis=0)
+        x = np.empty((m, h + 2 * k), np.float32)
+        x[:, :h] = head
+        x[:, h:h + k] = inst
+        x[:, h + k:] = pooled
+        q_inst = _mlp(x, self.instance_layers)[:, 0]
+        q_defer = _mlp(np.concatenate([head, pooled])[None, :], self.defer_layers)[0]
+        return np.concatenate([q_inst, q_defer])
+
+    def save(self, directory: str | Path) -> Path:
+        return _save_npz(directory, {"i": self.instance_layers, "d": self.defer_layers}, self.meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "QPolicy | SharedQPolicy":
+        return load_policy(path)
+
+
+def load_policy(path: str | Path) -> QPolicy | SharedQPolicy:
+    """Read ``policy.npz`` (a directory or the file) as whichever network it holds."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / POLICY_FILE
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint: no {POLICY_FILE} at {p.parent}")
+
+    def layers(z, prefix: str) -> list:
+        n = sum(1 for k in z.files if k.startswith(f"{prefix}w"))
+        return [(z[f"{prefix}w{i}"], z[f"{prefix}b{i}"]) for i in range(n)]
+
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            arch = (meta.get("network") or {}).get("arch", "mlp")
+            if arch == "shared":
+                return SharedQPolicy(layers(z, "i"), layers(z, "d"), meta)
+            if arch != "mlp":
+                raise CheckpointError(f"checkpoint: {p} holds an unknown network {arch!r}")
+            weights = layers(z, "")
+    except (OSError, KeyError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"checkpoint: {p} is not a policy file: {exc}") from None
+    return QPolicy(weights, meta)
 
 
 def workload_slug(workload: str | None) -> str:
@@ -138,13 +248,13 @@ class RLRouter:
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
                  checkpoint: str | Path | None = None, workload: str | None = None,
-                 ood_guard: bool = True, ood_margin: float = 0.05):
+                 ood_guard: bool = True, ood_margin: float = 0.05, gate: bool = True):
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
                 raise CheckpointError(f"router {self.variant}: needs a profile or a checkpoint")
             checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload)
-        self.policy = QPolicy.load(checkpoint)
+        self.policy = load_policy(checkpoint)
         meta = self.policy.meta
         trained = meta.get("variant")
         if trained is not None and trained != self.variant:
@@ -175,6 +285,7 @@ class RLRouter:
             self.mixing, self.estimator = MixingParams.from_profile(profile), "paper"
         else:
             self.mixing = None
+        self.heuristic_only = bool(gate and meta.get("gate") == "heuristic" and self.mixing is not None)
         self.num_fallbacks = 0
         self.num_decisions = 0
         self.num_instances = num_instances
@@ -203,8 +314,8 @@ class RLRouter:
             return None
         self.num_decisions += 1
         mask = action_mask(queue, view, now_s, self.max_defer_s)
-        obs = self.featurize(queue, view)
-        if self.mixing is not None and not self.in_distribution(obs):
+        obs = None if self.heuristic_only else self.featurize(queue, view)
+        if self.heuristic_only or (self.mixing is not None and not self.in_distribution(obs)):
             healthy = [i for i in range(self.num_instances) if mask[i]]
             if healthy:
                 self.num_fallbacks += 1
