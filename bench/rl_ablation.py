@@ -14,13 +14,23 @@ the training and validation seeds) with ``--predictor noisy:0.79``. The rows:
 5. ``+predictor``: training and validation with the evaluation predictor
    (rows 1-5 together are the paper's formulation, the default);
 6. ``+centering``: reward centering (deviation);
-7. ``+permute``: instance-permutation augmentation (deviation);
-8. ``+bootstrap``: no terminal at the end of an episode's routing (deviation).
+7. ``+guidance``: β_d = 0.1 and guidance scale 10 (slower fading, a stronger heuristic pull);
+8. ``+shared``: the permutation-equivariant Q-network (deviation);
+9. ``+no-defer``: no defer action while an instance is up (deviation; rows 6-9
+   are the shipped ``wgrl`` recipe).
+
+Side rows apply to the row above them and are not carried on:
+``+permute`` (instance-permutation augmentation of the MLP, after row 7) and
+``+bootstrap`` (no terminal at the end of an episode's routing, after row 9).
+
+The network itself is evaluated (``gate=false``: the validation gate, which
+may hand a checkpoint to its heuristic, is off here); the table also shows the
+network's and the heuristic's mean E2E on the gate's fresh validation seeds.
 
 Prints a Markdown table with mean E2E ± std, the change against round robin,
 p99, router wait and the training wall time of each row.
 
-    python bench/rl_ablation.py --episodes 30 --seeds 5 --out runs/ablation
+    python bench/rl_ablation.py --episodes 30 --seeds 5 --jobs 2 --out runs/ablation
 """
 
 from __future__ import annotations
@@ -31,20 +41,25 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from lbbench.routers.rl.policy import QPolicy
 from lbbench.training.config import TrainConfig
 
-ROWS: list[tuple[str, dict]] = [
+ROWS: list[tuple[str, dict, bool]] = [  # (name, change, carried on to the next rows)
     ("before", dict(guidance_schedule="literal", discount="decision", estimator="interference",
-                    predictor="oracle")),
-    ("+fading", dict(guidance_schedule="fading")),
-    ("+time", dict(discount="time")),
-    ("+paper-mix", dict(estimator="paper")),
-    ("+predictor", dict(predictor="noisy:0.79")),
-    ("+centering", dict(reward_centering=True)),
-    ("+permute", dict(permute_instances=True)),
-    ("+bootstrap", dict(bootstrap_end=True)),
+                    predictor="oracle"), True),
+    ("+fading", dict(guidance_schedule="fading"), True),
+    ("+time", dict(discount="time"), True),
+    ("+paper-mix", dict(estimator="paper"), True),
+    ("+predictor", dict(predictor="noisy:0.79"), True),
+    ("+centering", dict(reward_centering=True), True),
+    ("+guidance", dict(beta_d=0.1, guidance_scale=10.0), True),
+    ("+permute", dict(permute_instances=True), False),
+    ("+shared", dict(network="shared"), True),
+    ("+no-defer", dict(max_defer_s=0.0), True),
+    ("+bootstrap", dict(bootstrap_end=True), False),
 ]
 
 
@@ -52,7 +67,7 @@ def evaluate(ckpt: Path, args: argparse.Namespace) -> dict[str, dict]:
     exe = str(Path(sys.executable).with_name("lbbench"))
     cmd = [exe, "run", "--profile", args.profile, "--instances", str(args.instances), "--workload", "paper-mix",
            "--rate", str(args.rate), "--requests", str(args.requests), "--router", "round_robin,wgrl",
-           "--checkpoint", str(ckpt), "--predictor", "noisy:0.79", "--seeds", str(args.seeds),
+           "--checkpoint", str(ckpt), "--router-opt", "wgrl.gate=false", "--predictor", "noisy:0.79", "--seeds", str(args.seeds),
            "--format", "json", "--out", str(ckpt / "eval")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
@@ -71,29 +86,43 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--out", default="runs/rl-ablation")
+    ap.add_argument("--jobs", type=int, default=1, help="rows trained in parallel processes")
     args = ap.parse_args()
-
-    from lbbench.training.trainer import train
 
     cfg = TrainConfig(router="wgrl", profile=args.profile, instances=args.instances, rate=args.rate,
                       requests=args.requests, episodes=args.episodes,
                       explore_episodes=args.explore_episodes)
     wanted = set(filter(None, args.rows.split(",")))
-    print("| row | mean E2E (s) | vs round robin | p99 E2E (s) (rr) | router wait (s) | training (s) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, change in ROWS:
-        cfg = dataclasses.replace(cfg, **change)
-        if wanted and name not in wanted:
-            continue
-        out = Path(args.out) / name.lstrip("+")
-        t0 = time.perf_counter()
-        train(cfg, out, progress=False)
-        wall_s = time.perf_counter() - t0
-        rows = evaluate(out, args)
-        w, rr = rows["wgrl"], rows["round_robin"]
-        print(f"| {name} | {w['mean_e2e_s']:.1f} ± {w['mean_e2e_std_s']:.1f} | "
-              f"{w['improvement_vs_round_robin_pct']:+.1f} % | {w['p99_e2e_s']:.1f} ({rr['p99_e2e_s']:.1f}) | "
-              f"{w['mean_router_wait_s']:.2f} | {wall_s:.0f} |", flush=True)
+    plan = []
+    for name, change, carried in ROWS:
+        row_cfg = dataclasses.replace(cfg, **change)
+        if carried:
+            cfg = row_cfg
+        if not wanted or name in wanted:
+            plan.append((name, row_cfg, Path(args.out) / name.lstrip("+"), args))
+    print("| row | mean E2E (s) | vs round robin | p99 E2E (s) (rr) | router wait (s) "
+          "| validation: network / heuristic (s) | training (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:  # rows in parallel, printed in order
+        for line in pool.map(run_row, plan):
+            print(line, flush=True)
+
+
+def run_row(job: tuple) -> str:
+    """Train one row and evaluate it; its Markdown line."""
+    from lbbench.training.trainer import train
+
+    name, cfg, out, args = job
+    t0 = time.perf_counter()
+    train(cfg, out, progress=False)
+    wall_s = time.perf_counter() - t0
+    rows = evaluate(out, args)
+    w, rr = rows["wgrl"], rows["round_robin"]
+    v = QPolicy.load(out).meta.get("validation") or {}
+    val = f"{v['network_e2e_s']:.1f} / {v['heuristic_e2e_s']:.1f}" if v else ""
+    return (f"| {name} | {w['mean_e2e_s']:.1f} ± {w['mean_e2e_std_s']:.1f} | "
+            f"{w['improvement_vs_round_robin_pct']:+.1f} % | {w['p99_e2e_s']:.1f} ({rr['p99_e2e_s']:.1f}) | "
+            f"{w['mean_router_wait_s']:.2f} | {val} | {wall_s:.0f} |")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import polars as pl
 
 from ..core import InstanceSpec, Request, RequestRecord
 from ..profiles import Profile
-from .config import RunConfig, Variant, workload_label
+from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
 from .rundir import RunDir, records_frame, timeline_frame
 from .workload import build_requests
 
@@ -303,8 +303,11 @@ def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Rep
                 fleet.prepare(reqs)
                 for name in cfg.routers:
                     unit = Unit(v, seed, name, unit_label(cfg, v, seed, name))
+                    opts = dict(cfg.router_options.get(name, {}))
+                    if name in LEARNED_ROUTERS and "checkpoint" not in opts:
+                        opts["chunked_prefill"] = cols["chunked_prefill"]  # picks the engine mode's checkpoint
                     router = get_router(name, num_instances=fleet.num_instances, seed=seed, profile=profile,
-                                        **cfg.router_options.get(name, {}))
+                                        **opts)
                     reporter.unit_started(unit.label, len(reqs))
                     res = fleet.run(unit, reqs, router, reporter)
                     reporter.unit_finished(unit.label)

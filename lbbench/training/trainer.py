@@ -394,7 +394,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
 
 
 def _jsonable(d: dict) -> dict:
-    """The config as plain JSON values (a trace column mapping becomes its text)."""
+    """The config as plain JSON values (a trace column mapping becomes its text); a
+    trace is recorded by its file name, not by where it lay on the training machine."""
+    d = dict(d)
+    if d.get("trace"):
+        d["trace"] = Path(d["trace"]).name
     return json.loads(json.dumps(d, default=str))
 
 

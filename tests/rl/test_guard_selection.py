@@ -89,6 +89,17 @@ def test_shipped_checkpoint_prefers_the_workload_it_was_trained_on(tmp_path, mon
     with pytest.raises(CheckpointError, match=r"shipped: tiny-3x, tiny-3x-azure_conv\); train one with "
                                               r"`lbbench train --router wgrl --profile tiny --instances 4"):
         pol_mod.shipped_checkpoint("wgrl", "tiny", 4)
+    # engine mode: a -chunked checkpoint for runs with chunked prefill on, the others as fallback
+    assert pol_mod.shipped_checkpoint("wgrl", "tiny", 3, None, chunked_prefill=True) == tmp_path / "wgrl" / "tiny-3x"
+    _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x-chunked")
+    assert (pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "paper-mix", chunked_prefill=True)
+            == tmp_path / "wgrl" / "tiny-3x-chunked")
+    assert (pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "trace:Azure_conv.csv", chunked_prefill=True)
+            == tmp_path / "wgrl" / "tiny-3x-chunked")
+    assert pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "paper-mix") == tmp_path / "wgrl" / "tiny-3x"
+    _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x-chunked-azure_conv")
+    assert (pol_mod.shipped_checkpoint("wgrl", "tiny", 3, "trace:Azure_conv.csv", chunked_prefill=True)
+            == tmp_path / "wgrl" / "tiny-3x-chunked-azure_conv")
     assert workload_slug("trace:Some-Trace.parquet") == "some_trace"
     assert workload_slug("paper-mix") == "paper_mix"
 

@@ -222,13 +222,18 @@ def workload_slug(workload: str | None) -> str:
 
 
 def shipped_checkpoint(variant: str, profile_name: str, num_instances: int,
-                       workload: str | None = None) -> Path:
+                       workload: str | None = None, chunked_prefill: bool = False) -> Path:
     """The shipped checkpoint directory for a variant, profile, instance count
-    and (when one was trained for it) workload; ``CheckpointError`` naming what
-    exists and how to train one when there is none."""
+    and (when one was trained for it) workload and engine mode (``-chunked``:
+    trained with chunked prefill on); ``CheckpointError`` naming what exists and
+    how to train one when there is none. Lookup order: workload and engine mode,
+    engine mode, workload, the general one."""
     base = f"{profile_name}-{num_instances}x"
     slug = workload_slug(workload)
-    for name in ([f"{base}-{slug}"] if slug else []) + [base]:
+    names = [f"{base}-{slug}", base] if slug else [base]
+    if chunked_prefill:
+        names = [n.replace(base, f"{base}-chunked", 1) for n in names] + names
+    for name in names:
         d = SHIPPED_DIR / variant / name
         if (d / POLICY_FILE).is_file():
             return d
@@ -248,12 +253,15 @@ class RLRouter:
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
                  checkpoint: str | Path | None = None, workload: str | None = None,
-                 ood_guard: bool = True, ood_margin: float = 0.05, gate: bool = True):
+                 ood_guard: bool = True, ood_margin: float = 0.05, gate: bool = True,
+                 chunked_prefill: bool | None = None):
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
                 raise CheckpointError(f"router {self.variant}: needs a profile or a checkpoint")
-            checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload)
+            chunked = getattr(profile, "chunked_prefill", False) if chunked_prefill is None else chunked_prefill
+            checkpoint = shipped_checkpoint(self.variant, str(profile_name), num_instances, workload,
+                                            bool(chunked))
         self.policy = load_policy(checkpoint)
         meta = self.policy.meta
         trained = meta.get("variant")
