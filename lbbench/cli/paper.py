@@ -75,10 +75,11 @@ SETUPS: dict[str, Setup] = {
                      "the paper's rate; barely saturated here (checkpoints trained at 200 req/s)"),
     "production": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--window", "0:1800", "--rate", "20",
                          "--requests", "2000", "--router", "round_robin,jsq,least_requests,wgrl",
-                         "--instance-scheduler", "fcfs,priority", "--predictor", "noisy:0.79", "--seeds", "3"),
+                         "--instance-scheduler", "fcfs,priority", "--seeds", "3"),
                         {"wgrl": 7.8},
                         "the paper's production trace is not public; this is the Azure conversation trace, "
-                        "evaluated on the half the shipped checkpoint was not trained on"),
+                        "evaluated on the half the shipped checkpoint and the metadata predictor were not "
+                        "trained on"),
     "table2": Setup(("--profile", "llama2-7b-v100", "--instances", "2", "--workload", "paper-classes",
                      "--requests", "3000", "--rate", "1000", "--router",
                      "round_robin,decode_balancer,dedicated_small_large",
@@ -94,8 +95,11 @@ SETUPS: dict[str, Setup] = {
               help="The Azure conversation trace (AzureLLMInferenceTrace_conv.csv) for `production`.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory (default runs/paper-SETUP).")
+@click.option("--predictor", default=None,
+              help="Override the setup's predictor (production default: the metadata predictor, trained on the "
+                   "trace's second half into OUT/metadata-predictor).")
 @click.pass_context
-def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None) -> None:
+def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None, predictor: str | None) -> None:
     """Run one of the paper's comparisons and print it beside the paper's numbers."""
     import polars as pl
 
@@ -103,11 +107,19 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
 
     s = SETUPS[setup]
     args = list(s.flags)
+    out = Path(out_dir or f"runs/paper-{setup}")
     if setup == "production":
         if not trace:
             raise click.BadParameter("give the Azure conversation trace file", param_hint="--trace")
         args = ["--trace", trace, *args]
-    out = Path(out_dir or f"runs/paper-{setup}")
+        if predictor is None:
+            profile = args[args.index("--profile") + 1]
+            predictor = f"metadata:{production_predictor(trace, profile, out / 'metadata-predictor')}"
+    if predictor is not None:
+        if "--predictor" in args:
+            i = args.index("--predictor")
+            del args[i:i + 2]
+        args += ["--predictor", predictor]
     click.echo("lbbench run " + " ".join(shlex.quote(a) for a in args))
     run_ctx = cli_main.make_context("lbbench", ["run", *args, "--out", str(out)])
     with run_ctx:
@@ -128,3 +140,26 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
         click.echo(f"  {name:<15}{extra}  lbbench {row['improvement_vs_round_robin_pct']:+6.1f} %  "
                    f"(mean E2E {row['mean_e2e_s']:.1f} s, p99 {row['p99_e2e_s']:.1f} s)   paper {paper_txt}"
                    f"{best_txt}")
+
+
+#: the production setup trains its checkpoint and predictor on this window of the trace (seconds)
+PRODUCTION_TRAIN_WINDOW = (1800.0, float("inf"))
+
+
+def production_predictor(trace: str, profile: str, out_dir: Path) -> Path:
+    """The paper's production-trace predictor: the metadata model (prompt length + task),
+    fitted on the trace's second half (the half the evaluation does not replay), as the
+    shipped Azure checkpoint was trained with (``lbbench.predict.metadata.train_from_trace``)."""
+    from ..predict.metadata import MODEL_FILE, train_from_trace
+    from ..profiles import load_profile
+    from ..workloads.errors import TraceError
+
+    if not (out_dir / MODEL_FILE).is_file():
+        try:
+            train_from_trace(trace, out_dir, window=PRODUCTION_TRAIN_WINDOW,
+                             profile=load_profile(profile))
+        except (TraceError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--trace") from None
+        click.echo(f"metadata predictor trained on {Path(trace).name} from {PRODUCTION_TRAIN_WINDOW[0]:.0f} s "
+                   f"on: {out_dir}")
+    return out_dir

@@ -27,10 +27,11 @@ def _usage(exc: Exception) -> click.UsageError:
     return click.UsageError(user_message(exc))
 
 
-def _load(data: tuple[str, ...], models: str | None, max_examples: int | None, seed: int):
+def _load(data: tuple[str, ...], models: str | None, max_examples: int | None, seed: int,
+          token_counts_only: bool = False):
     try:
         return load_corpus(list(data), models=[m for m in models.split(",") if m] if models else None,
-                           max_examples=max_examples, seed=seed)
+                           max_examples=max_examples, seed=seed, token_counts_only=token_counts_only)
     except DataError as exc:
         raise _usage(exc) from None
 
@@ -157,7 +158,7 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
         except ValueError as exc:
             raise _usage(exc) from None
     bucket_scheme = get_scheme(scheme, prof)
-    corpus = _load(data, models, max_examples, seed)
+    corpus = _load(data, models, max_examples, seed, token_counts_only=kind == "metadata")
     train, test = stratified_split(corpus.examples, bucket_scheme, test_fraction, seed)
     if not test:
         raise click.UsageError(f"--data: too few prompts ({len(corpus.examples)} rows) for a held-out split")
@@ -198,9 +199,13 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def eval_cmd(model_dir, data, models, max_examples, no_quantize, precision, compare_precisions, seed, fmt) -> None:
     """Evaluate a saved predictor on a corpus (prompts seen in training are skipped)."""
-    from ..predict.evaluate import evaluate_dir
+    from ..predict.evaluate import evaluate_dir, model_kind
 
-    corpus = _load(data, models, max_examples, seed)
+    try:
+        metadata = model_kind(model_dir) == "metadata"
+    except PredictorSpecError as exc:
+        raise _usage(exc) from None
+    corpus = _load(data, models, max_examples, seed, token_counts_only=metadata)
     try:
         report = evaluate_dir(model_dir, corpus.examples, quantize=not no_quantize, precision=precision,
                               compare_precisions=compare_precisions)

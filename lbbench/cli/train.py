@@ -107,6 +107,14 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     click.echo(f"checkpoint: {out / 'policy.npz'}  curve: {out / 'curve.parquet'}")
 
 
+def _rates_ok(cfg: TrainConfig) -> bool:
+    try:
+        cfg.rate_list()
+    except ValueError:
+        return False
+    return True
+
+
 def _validate(cfg: TrainConfig) -> None:
     from ..experiment import WORKLOADS
     workload_ok = cfg.workload in WORKLOADS or cfg.workload.startswith("dataset:")
@@ -115,6 +123,7 @@ def _validate(cfg: TrainConfig) -> None:
               (cfg.requests >= 1, "--requests", "must be >= 1"),
               (cfg.rate > 0 or (cfg.trace and cfg.rate == 0), "--rate",
                "must be > 0 (0 keeps a trace's own rate)"),
+              (_rates_ok(cfg), "--rates", f"{cfg.rates!r}: give comma-separated rates, each > 0"),
               (cfg.batch_size >= 1, "--batch-size", "must be >= 1"),
               (cfg.buffer_size >= cfg.batch_size, "--buffer-size", "must be >= --batch-size"),
               (0.0 < cfg.gamma < 1.0, "--gamma", "must be in (0, 1)"),

@@ -258,12 +258,14 @@ class Corpus:
 
 
 def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] | None = None,
-                max_examples: int | None = None, seed: int = 0) -> Corpus:
+                max_examples: int | None = None, seed: int = 0, token_counts_only: bool = False) -> Corpus:
     """Read every recognised file under ``paths``.
 
     ``models``: keep only rows whose ``model`` contains one of these substrings
     (case-insensitive). ``max_examples``: a seeded random subset of that size.
-    Rows with an empty prompt are dropped.
+    Rows with an empty prompt are dropped, except, with ``token_counts_only``
+    (for the metadata predictor, which never reads the text), native rows that
+    give ``prompt_tokens``: a trace's token counts are a corpus for it.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -284,7 +286,7 @@ def load_corpus(paths: str | Path | Sequence[str | Path], models: Sequence[str] 
     if models:
         wanted = [m.lower() for m in models]
         raws = [r for r in raws if r.model and any(w in r.model.lower() for w in wanted)]
-    raws = [r for r in raws if r.prompt.strip()]
+    raws = [r for r in raws if r.prompt.strip() or (token_counts_only and r.prompt_tokens is not None)]
     if max_examples is not None and len(raws) > max_examples:
         raws = random.Random(seed).sample(raws, max_examples)
     need_resp = [i for i, r in enumerate(raws) if r.output_tokens is None]
@@ -325,7 +327,8 @@ def stratified_split(examples: Sequence[Example], scheme: BucketScheme, test_fra
     """Train/test split stratified by output bucket, grouped by prompt text.
 
     Every row of one prompt (e.g. the same instruction answered by several
-    models) lands on the same side, so the test set holds only unseen prompts.
+    models) lands on the same side, so the test set holds only unseen prompts;
+    a row without text (token counts only) is a group of its own.
     A group's stratum is the bucket of its median output length. Each stratum
     contributes ``round(test_fraction * size)`` groups to the test set (at least
     one when it has two or more groups).
@@ -333,8 +336,9 @@ def stratified_split(examples: Sequence[Example], scheme: BucketScheme, test_fra
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     groups: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(examples):
-        groups[e.prompt].append(i)
+    keys = [e.prompt if e.prompt else f"\0row{i}" for i, e in enumerate(examples)]
+    for i, key in enumerate(keys):
+        groups[key].append(i)
     strata: dict[int, list[str]] = defaultdict(list)
     for prompt, idx in groups.items():
         lengths = sorted(examples[i].output_tokens for i in idx)
@@ -348,6 +352,6 @@ def stratified_split(examples: Sequence[Example], scheme: BucketScheme, test_fra
         if k == 0 and len(prompts) >= 2:
             k = 1
         test_prompts.update(prompts[:k])
-    train = [e for e in examples if e.prompt not in test_prompts]
-    test = [e for e in examples if e.prompt in test_prompts]
+    train = [e for e, key in zip(examples, keys) if key not in test_prompts]
+    test = [e for e, key in zip(examples, keys) if key in test_prompts]
     return train, test

@@ -51,8 +51,10 @@ def model_kind(model_dir: str | Path) -> str:
 
 
 def unseen(examples: Sequence[Example], fingerprints: Sequence[str]) -> list[Example]:
+    """Rows whose prompt was not in the training set (a row without text, token
+    counts only, cannot be recognised and counts as unseen)."""
     seen = set(fingerprints)
-    return [e for e in examples if prompt_fingerprint(e.prompt) not in seen]
+    return [e for e in examples if not e.prompt or prompt_fingerprint(e.prompt) not in seen]
 
 
 def _common(cfg: Any, scheme: BucketScheme, rows: Sequence[Example], pred: list[int]) -> dict[str, Any]:

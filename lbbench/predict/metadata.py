@@ -127,3 +127,28 @@ def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimat
         train_fingerprints=sorted({prompt_fingerprint(e.prompt) for e in train}),
         train_seconds=time.perf_counter() - t0, num_train_examples=len(train), seed=seed)
     return MetadataPredictor(config, model)
+
+
+def train_from_trace(trace: str | Path, out_dir: str | Path, *, window: tuple[float, float] | None = None,
+                     profile: Any | None = None, task: str = "conversation", test_fraction: float = 0.2,
+                     seed: int = 0) -> MetadataPredictor:
+    """Train the metadata predictor on a trace's token counts (no prompt text needed).
+
+    Reads the trace as ``lbbench run --trace`` does, keeps ``window`` (seconds of
+    the trace's own clock), labels rows without a task ``task``, and fits on the
+    same stratified training share as ``lbbench predictor train --kind metadata``
+    (``bench/trace_corpus.py`` writes the rows as a corpus for that command; both
+    give the same model). Saved to ``out_dir``."""
+    from ..workloads.trace_transform import transform_trace
+    from ..workloads.traces import read_trace
+    from .base import get_scheme
+    from .data import stratified_split
+
+    tf = transform_trace(read_trace(trace), window=window)
+    examples = [Example("", int(o), int(p), t or task)
+                for p, o, t in tf.frame.select("prompt_tokens", "output_tokens", "task").iter_rows()]
+    scheme = get_scheme("paper", profile)
+    train, _ = stratified_split(examples, scheme, test_fraction, seed)
+    model = train_metadata_model(train, scheme, seed=seed)
+    model.save(out_dir)
+    return model

@@ -38,6 +38,8 @@ class TrainConfig:
     """Output-length predictor used in training and validation (use the one you will evaluate with)."""
     rate: float = 20.0
     """Arrival rate, requests per second (a trace is rescaled to it; 0 keeps a trace's own rate)."""
+    rates: str = ""
+    """Deviation (a safeguard): comma-separated arrival rates, e.g. 4,7,10,20; episode and validation workload k use rate k mod their number (overrides --rate), so the network sees light load, saturation and overload."""
     requests: int = 2000
     """Requests per training episode (a trace window of this many consecutive requests)."""
     episodes: int = 30
@@ -107,6 +109,18 @@ class TrainConfig:
         """What the checkpoint was trained on, as ``lbbench run`` labels workloads."""
         from pathlib import Path
         return f"trace:{Path(self.trace).name}" if self.trace else self.workload
+
+    def rate_list(self) -> list[float]:
+        """The training rates: ``rates`` parsed, else ``[rate]``."""
+        if not self.rates.strip():
+            return [self.rate]
+        try:
+            out = [float(x) for x in self.rates.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"rates: {self.rates!r} is not a comma-separated list of numbers") from None
+        if not out or any(not r > 0 for r in out):
+            raise ValueError(f"rates: {self.rates!r}: every rate must be > 0")
+        return out
 
     def hidden_width(self) -> int:
         return self.hidden or (64 if self.instances <= 4 else 128)

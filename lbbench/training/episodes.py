@@ -9,7 +9,9 @@ of 0 keeps the trace's own), and an episode is a window of ``cfg.requests``
 consecutive requests starting at an offset drawn from the seed, its arrivals
 shifted to start at 0 and its requests renumbered. Either way the requests are
 annotated with ``cfg.predictor`` — the predictor that will be used at
-evaluation — so the network learns on the prediction errors it will see.
+evaluation — so the network learns on the prediction errors it will see. With
+``cfg.rates`` (several rates) the workload of seed ``s`` uses rate ``s mod
+len(rates)``: consecutive training and validation seeds cycle through them.
 """
 
 from __future__ import annotations
@@ -42,19 +44,20 @@ def episode_source(cfg, profile) -> Callable[[int], list[Request]]:
     from lbbench.predict import annotate, load_predictor
 
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.train_seed_base + cfg.seed)
+    rates = cfg.rate_list()
     if cfg.trace:
         from lbbench.workloads.traces import load_trace_requests
 
         opts = dict(cfg.trace_options)
-        whole = load_trace_requests(cfg.trace, rate=cfg.rate or None, **opts)
+        wholes = [load_trace_requests(cfg.trace, rate=r or None, **opts) for r in rates]
 
         def from_trace(seed: int) -> list[Request]:
-            return annotate(trace_window(whole, cfg.requests, seed), predictor)
+            return annotate(trace_window(wholes[seed % len(rates)], cfg.requests, seed), predictor)
         return from_trace
 
-    run_cfg = RunConfig(profile=profile.name, instances=cfg.instances, workload=cfg.workload,
-                        rate_per_s=cfg.rate, requests=cfg.requests)
+    run_cfgs = [RunConfig(profile=profile.name, instances=cfg.instances, workload=cfg.workload,
+                          rate_per_s=r, requests=cfg.requests) for r in rates]
 
     def from_workload(seed: int) -> list[Request]:
-        return annotate(build_requests(run_cfg, profile, seed, None), predictor)
+        return annotate(build_requests(run_cfgs[seed % len(rates)], profile, seed, None), predictor)
     return from_workload

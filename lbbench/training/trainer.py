@@ -21,7 +21,8 @@ from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
 Each episode appends a row to the training curve (episode, reward, mean_e2e_s,
 loss, q_mean, ...; a Polars table written to ``curve.parquet``). The exported
 policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network,
-among those at the end of each greedy episode, with the lowest mean E2E on
+among those at the end of each greedy episode, with the lowest mean E2E
+(geometric mean over the workloads of each one's mean) on
 ``val_seeds`` fixed validation workloads (seeds just below the training seeds,
 routed through ``ClusterSim.run`` like an evaluation); the last network when
 there was no greedy episode. ``last/policy.npz`` holds the final network.
@@ -221,9 +222,11 @@ def export_policy(q: nn.Module, meta: dict) -> QPolicy | SharedQPolicy:
 
 def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig, workloads: list,
              heuristic: bool = False, seed_of: list[int] | None = None) -> float:
-    """Mean E2E (s) of a greedy policy over fixed validation workloads, routed by
-    the numpy router through ``ClusterSim.run`` exactly as ``lbbench run`` does;
-    with ``heuristic`` the router's guidance heuristic instead of the network."""
+    """Geometric mean over fixed validation workloads of each one's mean E2E (s) under
+    a greedy policy, routed by the numpy router through ``ClusterSim.run`` exactly
+    as ``lbbench run`` does; with ``heuristic`` the router's guidance heuristic
+    instead of the network. (The geometric mean weighs a workload at light load,
+    seconds of E2E, as much as one in overload, minutes.)"""
     from lbbench.routers.rl.policy import ROUTER_CLASSES
     from lbbench.sim.cluster import ClusterSim
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,14 +235,14 @@ def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig
             policy.meta["gate"] = "heuristic"
         policy.save(tmp)
         router = ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp)
-    e2e = []
+    means = []
     for k, reqs in enumerate(workloads):
         sim_seed = seed_of[k] if seed_of else cfg.train_seed_base - 1 - k
         recs = ClusterSim(profile, cfg.instances, reqs, seed=sim_seed,
                           instance_scheduler=cfg.instance_scheduler,
                           chunked_prefill=cfg.chunked_prefill).run(router)
-        e2e += [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
-    return float(np.mean(e2e))
+        means.append(np.mean([r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]))
+    return float(np.exp(np.mean(np.log(means))))
 
 
 def epsilon_at(cfg: TrainConfig, episode: int) -> float:
@@ -277,6 +280,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
             "trained_on": {"profile": prof.name, "num_instances": cfg.instances,
                            "workload": cfg.workload_label(), "rate_per_s": cfg.rate,
+                           "rates_per_s": cfg.rate_list(),
                            "requests": cfg.requests, "predictor": cfg.predictor,
                            "instance_scheduler": cfg.instance_scheduler,
                            "chunked_prefill": (prof.chunked_prefill if cfg.chunked_prefill is None

@@ -102,3 +102,40 @@ def test_permute_instances_relabels_consistently():
             src = next(s for s in range(m) if np.array_equal(nb2[j], nb[s]))
             assert mk2[i, j] == mask[i, src]
         assert mk2[i, m] == mask[i, m]
+
+
+def test_rates_cycle_through_episodes_and_validation_is_a_geometric_mean(monkeypatch):
+    from lbbench.profiles import load_profile
+    from lbbench.training.episodes import episode_source
+
+    prof = load_profile("llama2-7b-v100")
+    cfg = tr.TrainConfig(profile=prof.name, instances=2, rates="2,20", requests=200)
+    assert cfg.rate_list() == [2.0, 20.0]
+    src = episode_source(cfg, prof)
+
+    def rate(seed):
+        reqs = src(seed)
+        return (len(reqs) - 1) / (reqs[-1].arrival_s - reqs[0].arrival_s)
+
+    got = [rate(s) for s in (10, 11, 12, 13)]  # ~2 and ~20 req/s in turn
+    assert all(1.5 < r < 2.7 for r in got[0::2]) and all(15 < r < 27 for r in got[1::2]), got
+    with pytest.raises(ValueError, match="rates"):
+        tr.TrainConfig(rates="2,-1").rate_list()
+    assert tr.TrainConfig(rate=7.0).rate_list() == [7.0]
+
+    # validation: geometric mean of each workload's mean E2E
+    class _Rec:
+        def __init__(self, e2e):
+            self.arrival_s, self.finish_s = 0.0, e2e
+
+    runs = iter([[_Rec(1.0), _Rec(3.0)], [_Rec(8.0)]])
+    monkeypatch.setattr("lbbench.sim.cluster.ClusterSim.run", lambda self, router: next(runs))
+    monkeypatch.setattr("lbbench.routers.rl.policy.WorkloadGuidedRL.__init__", lambda self, *a, **k: None)
+    fake = type("P", (), {"save": lambda self, d: None})()
+    got = tr.validate(fake, prof, dataclasses_replace(cfg, router="wgrl"), [src(10)[:5], src(11)[:5]])
+    assert got == pytest.approx((2.0 * 8.0) ** 0.5)
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+    return dataclasses.replace(cfg, **kw)
