@@ -28,9 +28,18 @@ def test_shipped_checkpoint_routes(where):
     m = int(trained["num_instances"])
     assert meta["variant"] == variant and meta["profile"] == trained["profile"]
     assert len(meta["obs_low"]) == len(meta["obs_high"]) and "mixing" in meta
-    # lbbench run finds it from the profile, the instance count and the workload it was trained on
-    assert shipped_checkpoint(variant, profile.name, m, trained["workload"]) == where
-    router = get_router(variant, num_instances=m, seed=0, profile=profile, workload=trained["workload"])
+    # lbbench run finds it from the profile, the instance count, the workload and engine mode it was trained on
+    chunked = bool(trained["chunked_prefill"])
+    assert shipped_checkpoint(variant, profile.name, m, trained["workload"], chunked) == where
+    router = get_router(variant, num_instances=m, seed=0, profile=profile, workload=trained["workload"],
+                        chunked_prefill=chunked)
+    # the validation gate ran, on seeds away from the evaluation seeds, and decided the routing mode
+    v = meta["validation"]
+    assert min(v["seeds"]) > 1000 and meta["gate"] in ("network", "heuristic")
+    assert router.heuristic_only == (meta["gate"] == "heuristic")
+    # what it was trained on names no machine's paths
+    paths = (meta["train_config"]["trace"], trained["predictor"].split(":", 1)[-1])
+    assert not any(str(x).startswith(("/", "~")) or ".." in str(x) for x in paths), paths
     recs = ClusterSim(profile, m, paper_mix(60, 20.0, 3), seed=3).run(router)
     assert len(recs) == 60
     assert all(0 <= r.instance < m and r.dispatch_s >= r.arrival_s for r in recs)
