@@ -4,7 +4,9 @@ Builds a realistic cluster state — paper-mix at 20 req/s on ``--instances``
 simulated instances of ``--profile``, routed round robin up to ``--at-s``
 seconds of virtual time (hundreds of outstanding requests per instance) — then
 times ``router.route(queue, view, now_s)`` for the ``wgrl`` router: features,
-action mask, the out-of-distribution check, the MLP forward pass and the argmax. It also times the same call
+action mask, the out-of-distribution check, the network's forward pass and the
+argmax; and the same call when the checkpoint's validation gate routes with the
+guidance heuristic (the mixing penalty of the head on every instance). It also times the same call
 plus building the ``ClusterView`` snapshot (what the dispatcher does before
 every decision). Median and p99 over ``--repeats`` calls, in microseconds.
 
@@ -46,8 +48,8 @@ def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterS
 
 
 def make_router(profile, num_instances: int, tmp: str) -> tuple[WorkloadGuidedRL, str]:
-    try:
-        return WorkloadGuidedRL(num_instances, profile=profile), "shipped checkpoint"
+    try:  # the network path, even where the checkpoint's validation gate routes with the heuristic
+        return WorkloadGuidedRL(num_instances, profile=profile, gate=False), "shipped checkpoint"
     except CheckpointError:
         spec = FeatureSpec.from_profile(profile, num_instances)
         hidden = 64 if num_instances <= 4 else 128
@@ -89,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         outstanding = sum(iv.num_outstanding for iv in view.instances)
         route_us = time_calls(lambda: router.route(queue, view, now), args.repeats)
         with_view_us = time_calls(lambda: router.route(queue, sim.view(), now), args.repeats)
-    print(f"wgrl decision, {args.profile} x{args.instances} ({which}, obs {router.spec.obs_dim}, "
+        router.heuristic_only = router.mixing is not None  # the validation gate's path
+        heuristic_us = time_calls(lambda: router.route(queue, view, now), args.repeats)
+    net = type(router.policy).__name__
+    print(f"wgrl decision, {args.profile} x{args.instances} ({which}, {net}, obs {router.spec.obs_dim}, "
           f"{outstanding} outstanding requests, queue {len(queue)}), {args.repeats} calls:")
-    for label, us in (("route (features, mask, OOD check, MLP)", route_us),
-                      ("view snapshot + route", with_view_us)):
+    for label, us in (("route (features, mask, OOD check, network)", route_us),
+                      ("view snapshot + route", with_view_us),
+                      ("route by the guidance heuristic (gate)", heuristic_us)):
         print(f"  {label:<40} median {np.median(us):7.1f} us   p99 {np.percentile(us, 99):7.1f} us")
     return 0
 

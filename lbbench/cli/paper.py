@@ -75,7 +75,7 @@ SETUPS: dict[str, Setup] = {
                      "the paper's rate; barely saturated here (checkpoints trained at 200 req/s)"),
     "production": Setup(("--profile", "llama3.1-8b-a100", "--instances", "4", "--window", "0:1800", "--rate", "20",
                          "--requests", "2000", "--router", "round_robin,jsq,least_requests,wgrl",
-                         "--instance-scheduler", "fcfs,priority", "--seeds", "3"),
+                         "--instance-scheduler", "fcfs,priority"),
                         {"wgrl": 7.8},
                         "the paper's production trace is not public; this is the Azure conversation trace, "
                         "evaluated on the half the shipped checkpoint and the metadata predictor were not "

@@ -44,7 +44,7 @@ def test_paper_production_trains_the_metadata_predictor_on_the_other_half(tmp_pa
     trace = tmp_path / "AzureLLMInferenceTrace_conv.csv"
     trace.write_text("\n".join(lines) + "\n")
     prod = cli_paper.SETUPS["production"]
-    small = cli_paper.Setup(tuple("1" if f == "3" else "40" if f == "2000" else f for f in prod.flags),
+    small = cli_paper.Setup(tuple("40" if f == "2000" else f for f in prod.flags),
                             prod.paper_pct, prod.note)
     monkeypatch.setitem(cli_paper.SETUPS, "production", small)
     out = tmp_path / "prod"

@@ -144,3 +144,29 @@ def test_run_without_a_matching_checkpoint_says_how_to_train_one(tmp_path):
     assert res.exit_code == 2
     assert "no shipped checkpoint for profile 'llama2-7b-v100' with 7 instances" in res.output
     assert "lbbench train --router wgrl" in res.output
+
+
+def test_run_says_when_a_checkpoint_routes_with_its_heuristic(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lbbench.routers.rl.features import FeatureSpec as FS
+    from lbbench.profiles import load_profile
+
+    prof = load_profile("llama2-7b-v100")
+    spec = FS.from_profile(prof, 3)
+    d = spec.obs_dim
+    w = [(np.zeros((d, 4), np.float32), np.zeros(4, np.float32))]
+    meta = {"variant": "wgrl", "profile": prof.name, "num_instances": 3, "feature_spec": spec.as_dict(),
+            "max_defer_s": 5.0, "mixing": MIX, "gate": "heuristic",
+            "validation": {"network_e2e_s": 12.5, "heuristic_e2e_s": 9.25, "seeds": [999997, 999996]}}
+    QPolicy(w, meta).save(tmp_path / "ck")
+    exe = str(Path(sys.executable).with_name("lbbench"))
+    res = subprocess.run([exe, "run", "--profile", prof.name, "--instances", "3", "--workload", "paper-mix",
+                          "--rate", "5", "--requests", "20", "--router", "round_robin,wgrl", "--checkpoint",
+                          f"wgrl={tmp_path / 'ck'}", "--out", str(tmp_path / "run")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    note = " ".join(res.stderr.split())
+    assert "wgrl: checkpoint" in note and "routes with its guidance heuristic" in note
+    assert "the network gave 12.5 s mean E2E, the heuristic 9.2 s" in note and "wgrl.gate=false" in note
