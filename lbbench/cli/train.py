@@ -100,8 +100,8 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
     meta = load_policy(out).meta
     v = meta.get("validation")
     if v:
-        uses = ("its guidance heuristic (the network lost to it)" if meta.get("gate") == "heuristic"
-                else "the network")
+        uses = (f"its guidance heuristic (the network did not beat it by {v.get('margin_pct', 0):g} %)"
+                if meta.get("gate") == "heuristic" else "the network")
         click.echo(f"validation gate on fresh seeds: network {v['network_e2e_s']:.2f} s, guidance heuristic "
                    f"{v['heuristic_e2e_s']:.2f} s mean E2E; the checkpoint routes with {uses}")
     click.echo(f"checkpoint: {out / 'policy.npz'}  curve: {out / 'curve.parquet'}")

@@ -176,3 +176,22 @@ def least_impact_instance(penalty_by_instance: Sequence[float],
     """Index with the smallest penalty (lowest index on ties)."""
     idx = range(len(penalty_by_instance)) if candidates is None else candidates
     return min(idx, key=lambda i: (penalty_by_instance[i], i))
+
+
+def heuristic_prior(penalty_by_instance: Sequence[float], valid: Sequence[bool], scale: float) -> list[float]:
+    """Residual-Q prior over the actions ``[instance 0..m-1, defer]``: ``-scale``
+    times each instance's guidance gap relative to the largest gap among the valid
+    instances (0 for the least-impact instance, ``-scale`` for the worst), and
+    ``-scale`` for defer. A network whose own values are flat thus acts as the
+    heuristic; it departs from it only where it has learned a larger difference."""
+    m = len(penalty_by_instance)
+    idx = [i for i in range(m) if valid[i]]
+    out = [-scale] * (m + 1)
+    if not idx:
+        return out
+    best = min(penalty_by_instance[i] for i in idx)
+    worst = max(penalty_by_instance[i] for i in idx)
+    span = worst - best
+    for i in idx:
+        out[i] = 0.0 if span <= 0 else -scale * (penalty_by_instance[i] - best) / span
+    return out

@@ -48,6 +48,8 @@ class TrainConfig:
     """Seed for the networks, exploration and the training workloads."""
     network: str = "mlp"
     """Q-network: mlp (the paper's, obs -> hidden -> hidden -> actions) | shared (deviation: one MLP scores every instance from [head, instance, mean over instances] plus one for defer; permutation-equivariant)."""
+    prior_scale: float = 0.0
+    """Deviation (residual Q): add the guidance heuristic as a fixed prior to the network's values, Q = Q_net + prior with prior 0 for the least mixing impact and -K for the worst instance (and defer); the network learns a correction to the heuristic. 0 = off."""
     hidden: int = 0
     """Hidden layer width (0: mlp 64 up to 4 instances, 128 above; shared 64)."""
     lr: float = 5e-4
@@ -100,6 +102,8 @@ class TrainConfig:
     """Force chunked prefill on/off (default: the profile's)."""
     validation_gate: bool = True
     """Safeguard: also validate the guidance heuristic; when it beats the exported network, mark the checkpoint so that the router routes with the heuristic (`--router-opt wgrl.gate=false` overrides)."""
+    gate_margin_pct: float = 1.0
+    """The validation gate keeps the network only when it beats the heuristic by at least this much (percent of the heuristic's mean E2E): a tie on a few workloads is noise, and the heuristic is the safer bet."""
     val_seeds: int = 2
     """Validation workloads that pick the exported network among the greedy episodes."""
     train_seed_base: int = 1_000_000

@@ -84,7 +84,7 @@ from lbbench.core import (Dispatched, Event, Failed, Finished, FirstToken, Preem
                           StepsAdvanced)
 from lbbench.dispatch import Dispatcher
 from lbbench.profiles import Profile
-from lbbench.routers.mixing import MixingParams, guidance_gap, penalties
+from lbbench.routers.mixing import MixingParams, guidance_gap, heuristic_prior, penalties
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 from lbbench.sim.cluster import ClusterSim
 
@@ -212,7 +212,7 @@ class RouterEnv(gym.Env):
                  instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
                  skip_empty: bool = True, max_defer_s: float | None = 30.0,
                  max_steps: int = 2_000_000,
-                 feature_spec: FeatureSpec | None = None):
+                 feature_spec: FeatureSpec | None = None, prior_scale: float = 0.0):
         super().__init__()
         self.profile = profile
         self.num_instances = num_instances
@@ -223,6 +223,7 @@ class RouterEnv(gym.Env):
         self.skip_empty = skip_empty
         self.max_defer_s = max_defer_s
         self.max_steps = max_steps
+        self.prior_scale = prior_scale  # residual-Q prior in info["prior"] (see heuristic_prior)
         self.dt_s = profile.min_step_s
         self.feature_spec = feature_spec or FeatureSpec.from_profile(profile, num_instances)
         self.featurize = Featurizer(self.feature_spec)
@@ -306,7 +307,11 @@ class RouterEnv(gym.Env):
         view = self.sim.view()
         obs = self.featurize(self.sim.queue, view)
         mask = action_mask(self.sim.queue, view, self.sim.now_s, self.max_defer_s)
-        return obs, {"action_mask": mask, "now_s": self.sim.now_s,
+        prior = np.zeros(self.num_instances + 1, np.float32)
+        if self.prior_scale > 0 and self.sim.queue:
+            pens = penalties(self.mixing, view, self.sim.queue[0], self.reward_cfg.estimator)
+            prior[:] = heuristic_prior(pens, mask[:self.num_instances], self.prior_scale)
+        return obs, {"action_mask": mask, "now_s": self.sim.now_s, "prior": prior,
                      "queue_len": len(self.sim.queue), "num_completed": self.sim.num_completed}
 
     # ------------------------------------------------------------------ gym API
@@ -375,5 +380,6 @@ class RouterEnv(gym.Env):
                     drain_reward=self.drain_reward if terminated else 0.0)
         if terminated:  # the state the drain started from (to bootstrap from, see bootstrap_end)
             info.update(bootstrap_obs=self._drain_obs if drained else obs,
-                        bootstrap_mask=self._drain_info["action_mask"] if drained else info["action_mask"])
+                        bootstrap_mask=self._drain_info["action_mask"] if drained else info["action_mask"],
+                        bootstrap_prior=self._drain_info.get("prior", info["prior"]) if drained else info["prior"])
         return obs, float(reward), terminated, truncated, info

@@ -29,8 +29,8 @@ there was no greedy episode. ``last/policy.npz`` holds the final network.
 Validation uses the training predictor and, for a trace, windows of it at the
 validation seeds. With ``validation_gate`` (the default) the exported network
 and its guidance heuristic are then both validated on ``val_seeds`` further
-workloads (fresh ones: those that selected the network flatter it), and when the heuristic beats it
-the checkpoint is marked ``gate = "heuristic"``: the router then routes with
+workloads (fresh ones: those that selected the network flatter it), and unless the network beats the
+heuristic by ``gate_margin_pct`` the checkpoint is marked ``gate = "heuristic"``: the router then routes with
 the heuristic (a safeguard: a network is deployed only where it validated better
 than its guidance). The policy's metadata records what it was trained on
 (``trained_on``), the mixing parameters of its fallback heuristic and the
@@ -264,15 +264,26 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                               guidance_scale=cfg.guidance_scale, guidance_schedule=cfg.guidance_schedule,
                               discount=cfg.discount, estimator=cfg.estimator)
     episodes = episode_source(cfg, prof)
+    if cfg.prior_scale > 0 and cfg.permute_instances:
+        raise ValueError("prior_scale: does not combine with permute_instances (use --network shared)")
     env = RouterEnv(prof, cfg.instances, episodes,
                     reward_cfg, instance_scheduler=cfg.instance_scheduler,
-                    chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s)
+                    chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s,
+                    prior_scale=cfg.prior_scale)
     obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
     q = make_network(cfg, env.feature_spec)
     q_target = make_network(cfg, env.feature_spec)
     q_target.load_state_dict(q.state_dict())
     opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
-    buf = ReplayBuffer(cfg.buffer_size, obs_dim, n_act)
+    # with a residual prior, every stored state is [obs, prior] (the prior is fixed, not learned)
+    residual = cfg.prior_scale > 0
+    buf = ReplayBuffer(cfg.buffer_size, obs_dim + (n_act if residual else 0), n_act)
+
+    def stored(o: np.ndarray, prior: np.ndarray) -> np.ndarray:
+        return np.concatenate([o, prior]) if residual else o
+
+    def q_total(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return net(x[..., :obs_dim]) + x[..., obs_dim:] if residual else net(x)
     spec = env.feature_spec
     permute = ((spec.obs_dim - cfg.instances * spec.per_instance_dim, cfg.instances,
                 spec.per_instance_dim) if cfg.permute_instances else None)
@@ -287,6 +298,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                                                else cfg.chunked_prefill)},
             "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
                        "alpha": prof.alpha, "estimator": cfg.estimator},
+            "prior_scale": cfg.prior_scale,
             "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
 
     validation = [episodes(cfg.train_seed_base - 1 - k) for k in range(cfg.val_seeds)]
@@ -300,6 +312,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
         eps = epsilon_at(cfg, episode)
         wl_seed = cfg.train_seed_base + 1000 * cfg.seed + episode
         obs, info = env.reset(seed=wl_seed, options={"episode": episode})
+        obs = stored(obs, info["prior"])
         ep_reward, losses, qs, n_dec, n_defer = 0.0, [], [], 0, 0
         nstep = NStep(cfg.n_step)
         done = False
@@ -309,9 +322,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
                 action = int(rng.choice(np.flatnonzero(mask)))
             else:
                 with torch.no_grad():
-                    qv = q(torch.from_numpy(obs)).numpy()
+                    qv = q_total(q, torch.from_numpy(obs)).numpy()
                 action = int(np.argmax(np.where(mask, qv, -np.inf)))
             next_obs, reward, terminated, truncated, info = env.step(action)
+            next_obs = stored(next_obs, info["prior"])
             disc = reward_cfg.transition_discount(episode, info["epochs"])
             ep_reward += reward
             sum_reward += reward
@@ -319,9 +333,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             if cfg.reward_centering and sum_epochs > 0:
                 reward -= sum_reward / sum_epochs * info["epochs"]
             if terminated and cfg.bootstrap_end:  # the stream goes on: bootstrap, do not terminate
-                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, info["bootstrap_obs"],
-                                   info["bootstrap_mask"], False) + nstep.flush(
-                    info["bootstrap_obs"], info["bootstrap_mask"], False)
+                boot = stored(info["bootstrap_obs"], info["bootstrap_prior"])
+                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, boot,
+                                   info["bootstrap_mask"], False) + nstep.flush(boot, info["bootstrap_mask"], False)
             else:
                 ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, next_obs,
                                    info["action_mask"], terminated)
@@ -337,11 +351,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             if step >= cfg.learning_starts and step % cfg.train_every == 0:
                 b_obs, b_act, b_rew, b_next, b_mask, b_done, b_disc = buf.sample(rng, cfg.batch_size, permute)
                 with torch.no_grad():
-                    online_next = q(b_next).masked_fill(~b_mask, -torch.inf)
+                    online_next = q_total(q, b_next).masked_fill(~b_mask, -torch.inf)
                     best_next = online_next.argmax(dim=1, keepdim=True)
-                    target_next = q_target(b_next).gather(1, best_next).squeeze(1)
+                    target_next = q_total(q_target, b_next).gather(1, best_next).squeeze(1)
                     target = b_rew + b_disc * target_next * (1.0 - b_done)
-                q_taken = q(b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
+                q_taken = q_total(q, b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
                 loss = nn.functional.smooth_l1_loss(q_taken, target)
                 opt.zero_grad()
                 loss.backward()
@@ -377,6 +391,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     if out_dir is not None:
         out = Path(out_dir)
         low, high = buf.state_range()
+        low, high = low[:obs_dim], high[:obs_dim]
         ranges = {"obs_low": low.tolist(), "obs_high": high.tolist()}
         last = export_policy(q, dict(meta, episode=cfg.episodes - 1, **ranges))
         chosen = best[1] if best else last
@@ -389,7 +404,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             heuristic_e2e = validate(chosen, prof, cfg, gate_wl, heuristic=True, seed_of=seeds)
             chosen.meta["validation"] = {"network_e2e_s": net_e2e, "heuristic_e2e_s": heuristic_e2e,
                                          "seeds": seeds, "selection_e2e_s": best[0]}
-            chosen.meta["gate"] = "heuristic" if heuristic_e2e < net_e2e else "network"
+            chosen.meta["validation"]["margin_pct"] = cfg.gate_margin_pct
+            keep = net_e2e < heuristic_e2e * (1.0 - cfg.gate_margin_pct / 100.0)
+            chosen.meta["gate"] = "network" if keep else "heuristic"
         chosen.save(out)
         last.save(out / "last")
         curve.write_parquet(out / "curve.parquet")

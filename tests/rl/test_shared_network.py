@@ -90,3 +90,39 @@ def test_trains_and_routes(tmp_path, monkeypatch):
     assert len(recs) == 40 and all(r.finish_s is not None for r in recs)
     with pytest.raises(ValueError, match="network"):
         tr.make_network(dataclasses.replace(cfg, network="cnn"), SPEC)
+
+
+def test_heuristic_prior_hand_values_and_a_flat_network_acts_as_the_heuristic(tmp_path, monkeypatch):
+    """Residual Q (``--prior-scale K``): prior 0 for the least mixing impact, -K for the
+    largest among the valid instances, linear between, -K for defer; with a network
+    whose values are flat the router picks exactly the heuristic's instance."""
+    from lbbench.core import ClusterState, Dispatched, InstanceSpec, Request
+    from lbbench.routers.mixing import MixingParams, heuristic_prior, least_impact_instance, penalties
+
+    assert heuristic_prior([3.0, 1.0, 2.0], [True, True, True], 0.5) == [-0.5, 0.0, -0.25, -0.5]
+    assert heuristic_prior([3.0, 1.0, 2.0], [True, False, True], 2.0) == [-2.0, -2.0, 0.0, -2.0]
+    assert heuristic_prior([1.0, 1.0], [True, True], 1.0) == [0.0, 0.0, -1.0]
+
+    monkeypatch.setattr(tr, "episode_source", lambda cfg, profile: small_workload)
+    cfg = tr.TrainConfig(router="wgrl", profile="tiny", instances=3, episodes=2, requests=40,
+                         explore_episodes=1, learning_starts=32, batch_size=32, target_every=50,
+                         buffer_size=5000, network="shared", prior_scale=1.0)
+    tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
+    pol = load_policy(tmp_path)
+    assert pol.meta["prior_scale"] == 1.0 and len(pol.meta["obs_low"]) == pol.obs_dim
+    for layers in (pol.instance_layers, pol.defer_layers):  # flatten the network: constant values
+        w, b = layers[-1]
+        layers[-1] = (np.zeros_like(w), np.zeros_like(b))
+    pol.meta["gate"] = "network"
+    pol.save(tmp_path / "flat")
+    router = WorkloadGuidedRL(3, checkpoint=tmp_path / "flat", ood_guard=False)
+    st_ = ClusterState([InstanceSpec(max_num_seqs=8, kv_capacity_tokens=4096)] * 3)
+    st_.apply(Dispatched(Request(1, 0.0, 900, 100), 0, 0.0))
+    st_.apply(Dispatched(Request(2, 0.0, 300, 100), 2, 0.0))
+    head = Request(5, 0.0, 200, 50)
+    mix = MixingParams(**{k: pol.meta["mixing"][k] for k in ("grad1", "grad2", "epsilon", "alpha")})
+    want = least_impact_instance(penalties(mix, st_.view(), head))
+    assert want == 1 and router.route([head], st_.view(), 0.0).instance == want
+    with pytest.raises(ValueError, match="prior_scale"):
+        tr.train(dataclasses.replace(cfg, network="mlp", permute_instances=True), tmp_path / "x",
+                 progress=False, profile=PROFILE)

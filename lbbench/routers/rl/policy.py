@@ -37,8 +37,8 @@ in the checkpoint. ``num_fallbacks`` counts those decisions.
 **Validation gate** (``gate=True``, the default). Training validates the
 exported network *and* its guidance heuristic on the same validation workloads
 (seeds disjoint from any evaluation seed) and records both in
-``meta["validation"]``; when the heuristic did better, ``meta["gate"]`` is
-``"heuristic"`` and the router routes every decision with the heuristic (each
+``meta["validation"]``; unless the network did better by the training's
+``gate_margin_pct`` (1 % by default), ``meta["gate"]`` is ``"heuristic"`` and the router routes every decision with the heuristic (each
 counted in ``num_fallbacks``): a network that lost to its own guidance where it
 was trained is not deployed. ``gate=false`` routes with the network anyway.
 """
@@ -52,7 +52,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lbbench.core import ClusterView, Decision, Request
-from lbbench.routers.mixing import MixingParams, least_impact_instance, penalties
+from lbbench.routers.mixing import MixingParams, heuristic_prior, least_impact_instance, penalties
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 
 POLICY_FILE = "policy.npz"
@@ -293,6 +293,9 @@ class RLRouter:
             self.mixing, self.estimator = MixingParams.from_profile(profile), "paper"
         else:
             self.mixing = None
+        self.prior_scale = float(meta.get("prior_scale") or 0.0)
+        if self.prior_scale > 0 and self.mixing is None:
+            raise CheckpointError(f"checkpoint {checkpoint}: a residual prior needs the mixing parameters")
         self.heuristic_only = bool(gate and meta.get("gate") == "heuristic" and self.mixing is not None)
         self.num_fallbacks = 0
         self.num_decisions = 0
@@ -329,7 +332,13 @@ class RLRouter:
                 self.num_fallbacks += 1
                 pens = penalties(self.mixing, view, queue[0], self.estimator)
                 return Decision(0, least_impact_instance(pens, healthy))
-        a = self.act(obs, mask)
+        if self.prior_scale > 0:  # residual Q: the network's values on top of the heuristic's prior
+            q = self.policy.q_values(obs) + np.asarray(heuristic_prior(
+                penalties(self.mixing, view, queue[0], self.estimator), mask[:self.num_instances],
+                self.prior_scale), np.float32)
+            a = int(np.argmax(np.where(mask, q, -np.inf)))
+        else:
+            a = self.act(obs, mask)
         return None if a == self.num_instances else Decision(0, a)
 
 
