@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 
@@ -74,40 +76,52 @@ def wait_healthy(url: str, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"{url} not healthy after {timeout_s:g}s")
 
 
-def main() -> None:
+@contextlib.contextmanager
+def gateway(profile: str, router: str, instances: int = 4, serve_args: tuple[str, ...] = ()
+            ) -> Iterator[tuple[list[str], str]]:
+    """``lbbench serve-sim`` (``instances`` emulated backends of ``profile``) and ``lbbench proxy``
+    in front of them, each its own process; yields (backend URLs, gateway URL) once all are healthy
+    and stops them on exit."""
     import subprocess
 
     from lbbench.engines.vllm.emulator import free_port, free_port_range
+
+    lb = [sys.executable, "-m", "lbbench.cli"]
+    base = free_port_range(instances)
+    backends = [f"http://127.0.0.1:{base + i}" for i in range(instances)]
+    gw_port = free_port()
+    procs = [subprocess.Popen(lb + ["serve-sim", "--profile", profile, "--instances", str(instances),
+                                    "--port", str(base), *serve_args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for u in backends:
+            wait_healthy(u)
+        cmd = lb + ["proxy", "--port", str(gw_port), "--router", router]
+        for u in backends:
+            cmd += ["--endpoint", u]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        gw = f"http://127.0.0.1:{gw_port}"
+        wait_healthy(gw)
+        yield backends, gw
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+
+
+def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
-    lb = [sys.executable, "-m", "lbbench.cli"]
-    base = free_port_range(4)
-    backends = [f"http://127.0.0.1:{base + i}" for i in range(4)]
-    gw_port = free_port()
-    procs = [subprocess.Popen(lb + ["serve-sim", "--profile", "zero", "--instances", "4", "--port", str(base)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        for u in backends:
-            wait_healthy(u)
-        cmd = lb + ["proxy", "--port", str(gw_port), "--router", "round_robin"]
-        for u in backends:
-            cmd += ["--endpoint", u]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        gw = f"http://127.0.0.1:{gw_port}"
-        wait_healthy(gw)
+    with gateway("zero", "round_robin") as (backends, gw):
         model = json.loads(__import__("urllib.request").request.urlopen(backends[0] + "/v1/models").read())
         body = json.dumps({"model": model["data"][0]["id"], "prompt": [1, 2, 3, 4], "max_tokens": 1}).encode()
         lat = asyncio.run(added_latency(backends[0], gw, body, args.requests))
         thr = asyncio.run(throughput(gw, body, args.concurrency, args.seconds))
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
     print(f"added latency (non-streaming, 1 output token, {args.requests} interleaved pairs): "
           f"direct p50 {lat['direct_p50_ms']:.3f} ms, via proxy p50 {lat['proxy_p50_ms']:.3f} ms, "
           f"median added {lat['added_p50_ms']:.3f} ms")

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,9 +27,8 @@ from pathlib import Path
 
 import polars as pl
 
-from bench_proxy import wait_healthy  # bench/ is on the path when run as a script
+from bench_proxy import gateway  # bench/ is on the path when run as a script
 
-from lbbench.engines.vllm.emulator import free_port, free_port_range
 from lbbench.experiment import RunConfig, run_experiment
 
 
@@ -42,23 +39,8 @@ def _in_flight(gateway: str, backend: str) -> int:
 
 
 def one_run(args: argparse.Namespace, seed: int) -> dict:
-    lb = [sys.executable, "-m", "lbbench.cli"]
-    base = free_port_range(4)
-    backends = [f"http://127.0.0.1:{base + i}" for i in range(4)]
-    gw_port = free_port()
-    gw = f"http://127.0.0.1:{gw_port}"
-    procs = [subprocess.Popen(lb + ["serve-sim", "--profile", "llama3.1-8b-a100", "--instances", "4", "--port",
-                                    str(base), "--allow-kill"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     killed: dict = {}
-    try:
-        for u in backends:
-            wait_healthy(u)
-        cmd = lb + ["proxy", "--port", str(gw_port), "--router", "least_requests"]
-        for u in backends:
-            cmd += ["--endpoint", u]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_healthy(gw)
-
+    with gateway("llama3.1-8b-a100", "least_requests", serve_args=("--allow-kill",)) as (backends, gw):
         def kill() -> None:
             killed["in_flight"] = _in_flight(gw, backends[2])
             urllib.request.urlopen(urllib.request.Request(backends[2] + "/lbbench/kill", method="POST"), timeout=5)
@@ -73,11 +55,6 @@ def one_run(args: argparse.Namespace, seed: int) -> dict:
             out = run_experiment(cfg, Path(tmp) / "run")
             timer.join()
             df = pl.read_parquet(out.path / "requests.parquet")
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
     failed = df.filter(pl.col("error").is_not_null())
     return {"sent": args.requests, "recorded": df.height, "failed": failed.height,
             "failed_streaming": failed.filter(pl.col("first_token_s").is_not_null()).height,

@@ -207,7 +207,6 @@ def run_cmd(**kw: Any) -> None:
     cfg = config_from_flags(kw).resolved()
     profile = load_profile(cfg.profile)
     cfg.check(profile)  # before any long work starts
-    _say_gates(cfg, profile)
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
     total = len(cfg.rates) if cfg.rates else len(cfg.variants()) * cfg.seeds * len(cfg.routers)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -218,27 +217,6 @@ def run_cmd(**kw: Any) -> None:
     _say_rejections(out_dir / "requests.parquet", profile)
     if not outcome.complete:
         sys.exit(130)
-
-
-def _say_gates(cfg: RunConfig, profile: Any) -> None:
-    """One line per learned router whose checkpoint routes with its guidance heuristic
-    (the network lost to it on the validation gate's workloads), so that no one reads
-    the heuristic's numbers as the network's."""
-    from ..experiment import LEARNED_ROUTERS
-    from ..routers import get_router
-
-    for name in cfg.routers:
-        if name not in LEARNED_ROUTERS:
-            continue
-        router = get_router(name, num_instances=cfg.instances, seed=cfg.seed, profile=profile,
-                            **cfg.router_options.get(name, {}))
-        v = router.policy.meta.get("validation") or {}
-        if router.heuristic_only and v:
-            err_console.print(
-                f"note: {name}: checkpoint {router.checkpoint} routes with its guidance heuristic (least mixing "
-                f"penalty): on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
-                f"heuristic {v['heuristic_e2e_s']:.1f} s; --router-opt {name}.gate=false routes with the network",
-                highlight=False, soft_wrap=True)
 
 
 def _say_rejections(path: Path, profile: Any) -> None:

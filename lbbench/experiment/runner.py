@@ -286,6 +286,17 @@ def backend_for(cfg: RunConfig, profile: Profile, run_id: str, run_dir: RunDir |
 # ------------------------------------------------------------------------------------------------ the plan
 
 
+def gate_note(name: str, router: Any) -> str:
+    """What to tell a user whose learned router's checkpoint routes with its guidance heuristic
+    (the network did not beat it on the validation gate's workloads), so that no one reads the
+    heuristic's numbers as the network's."""
+    v = router.policy.meta.get("validation") or {}
+    seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
+            f"heuristic {v['heuristic_e2e_s']:.1f} s" if v else "")
+    return (f"{name}: checkpoint {router.checkpoint} routes with its guidance heuristic (least mixing penalty)"
+            f"{seen}; --router-opt {name}.gate=false routes with the network")
+
+
 def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Reporter | None = None
                ) -> Iterator[tuple[Unit, pl.DataFrame, pl.DataFrame | None, bool]]:
     """Run the plan on ``backend``: yield (unit, request rows, timeline rows, complete) per unit, stopping
@@ -295,6 +306,7 @@ def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Rep
 
     reporter = reporter or Reporter()
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
+    gated_noted: set[str] = set()
     for v in cfg.variants():
         cols = run_columns(cfg, profile, v)
         with backend.fleet(v) as fleet:
@@ -308,6 +320,9 @@ def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Rep
                         opts["chunked_prefill"] = cols["chunked_prefill"]  # picks the engine mode's checkpoint
                     router = get_router(name, num_instances=fleet.num_instances, seed=seed, profile=profile,
                                         **opts)
+                    if getattr(router, "heuristic_only", False) and router.checkpoint not in gated_noted:
+                        gated_noted.add(router.checkpoint)
+                        reporter.note(gate_note(name, router))
                     reporter.unit_started(unit.label, len(reqs))
                     res = fleet.run(unit, reqs, router, reporter)
                     reporter.unit_finished(unit.label)

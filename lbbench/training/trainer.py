@@ -230,10 +230,7 @@ def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig
     from lbbench.routers.rl.policy import ROUTER_CLASSES
     from lbbench.sim.cluster import ClusterSim
     with tempfile.TemporaryDirectory() as tmp:
-        if heuristic:
-            policy = type(policy).load(policy.save(tmp))
-            policy.meta["gate"] = "heuristic"
-        policy.save(tmp)
+        policy.save(tmp, meta=dict(policy.meta, gate="heuristic") if heuristic else None)
         router = ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp)
     means = []
     for k, reqs in enumerate(workloads):

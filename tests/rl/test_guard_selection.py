@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from lbbench.cli import main
-from lbbench.core import ClusterState, Dispatched, FirstToken, InstanceSpec, Request, StepsAdvanced
+from lbbench.core import (ClusterState, Dispatched, FirstToken, InstanceHealth, InstanceSpec, Request,
+                          StepsAdvanced)
 from lbbench.routers.mixing import MixingParams, least_impact_instance, penalties
 from lbbench.routers.rl import policy as pol_mod
 from lbbench.routers.rl.features import FeatureSpec
@@ -71,6 +72,10 @@ def test_validation_gate_routes_with_the_heuristic_when_it_validated_better(tmp_
     gated = WorkloadGuidedRL(3, checkpoint=tmp_path)
     assert gated.route([head], view, 0.0).instance == 0 and gated.num_fallbacks == 1
     assert gated.route([], view, 0.0) is None
+    down = _busy_state()
+    for i in range(3):
+        down.apply(InstanceHealth(i, 0.0, False))
+    assert gated.route([head], down.view(), 0.0) is None  # nothing healthy: defer, not a dead instance
     forced = WorkloadGuidedRL(3, checkpoint=tmp_path, gate=False)
     assert forced.route([head], view, 0.0).instance == 2 and forced.num_fallbacks == 0
     pol.meta["gate"] = "network"

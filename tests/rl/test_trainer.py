@@ -132,7 +132,7 @@ def test_rates_cycle_through_episodes_and_validation_is_a_geometric_mean(monkeyp
     runs = iter([[_Rec(1.0), _Rec(3.0)], [_Rec(8.0)]])
     monkeypatch.setattr("lbbench.sim.cluster.ClusterSim.run", lambda self, router: next(runs))
     monkeypatch.setattr("lbbench.routers.rl.policy.WorkloadGuidedRL.__init__", lambda self, *a, **k: None)
-    fake = type("P", (), {"save": lambda self, d: None})()
+    fake = type("P", (), {"save": lambda self, d, meta=None: None, "meta": {}})()
     got = tr.validate(fake, prof, dataclasses_replace(cfg, router="wgrl"), [src(10)[:5], src(11)[:5]])
     assert got == pytest.approx((2.0 * 8.0) ** 0.5)
 

@@ -90,8 +90,9 @@ class QPolicy:
         return h
 
     # -- files -------------------------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
-        return _save_npz(directory, {"": self.layers}, self.meta)
+    def save(self, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
+        """Write ``policy.npz`` with this network and ``meta`` (default: its own)."""
+        return _save_npz(directory, {"": self.layers}, self.meta if meta is None else meta)
 
     @classmethod
     def load(cls, path: str | Path) -> "QPolicy | SharedQPolicy":
@@ -176,12 +177,10 @@ class SharedQPolicy:
         q_defer = _mlp(np.concatenate([head, pooled])[None, :], self.defer_layers)[0]
         return np.concatenate([q_inst, q_defer])
 
-    def save(self, directory: str | Path) -> Path:
-        return _save_npz(directory, {"i": self.instance_layers, "d": self.defer_layers}, self.meta)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "QPolicy | SharedQPolicy":
-        return load_policy(path)
+    def save(self, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
+        """Write ``policy.npz`` with this network and ``meta`` (default: its own)."""
+        return _save_npz(directory, {"i": self.instance_layers, "d": self.defer_layers},
+                         self.meta if meta is None else meta)
 
 
 def load_policy(path: str | Path) -> QPolicy | SharedQPolicy:
@@ -308,11 +307,13 @@ class RLRouter:
         if seed is not None:
             self.seed = seed
 
-    def act(self, obs: np.ndarray, mask: np.ndarray) -> int:
-        """Greedy valid action for an observation (lowest index on ties)."""
+    def act(self, obs: np.ndarray, mask: np.ndarray, prior: Sequence[float] | None = None) -> int:
+        """Greedy valid action for an observation (lowest index on ties), the
+        network's values plus ``prior`` when given (residual Q)."""
         q = self.policy.q_values(obs)
-        q = np.where(mask, q, -np.inf)
-        return int(np.argmax(q))
+        if prior is not None:
+            q = q + np.asarray(prior, np.float32)
+        return int(np.argmax(np.where(mask, q, -np.inf)))
 
     def in_distribution(self, obs: np.ndarray) -> bool:
         """Whether a state lies inside the (widened) range of the training states."""
@@ -325,20 +326,18 @@ class RLRouter:
             return None
         self.num_decisions += 1
         mask = action_mask(queue, view, now_s, self.max_defer_s)
+        if not mask[:self.num_instances].any():  # no healthy instance: the only valid action is to defer
+            return None
         obs = None if self.heuristic_only else self.featurize(queue, view)
         if self.heuristic_only or (self.mixing is not None and not self.in_distribution(obs)):
-            healthy = [i for i in range(self.num_instances) if mask[i]]
-            if healthy:
-                self.num_fallbacks += 1
-                pens = penalties(self.mixing, view, queue[0], self.estimator)
-                return Decision(0, least_impact_instance(pens, healthy))
+            self.num_fallbacks += 1
+            pens = penalties(self.mixing, view, queue[0], self.estimator)
+            return Decision(0, least_impact_instance(pens, np.flatnonzero(mask[:self.num_instances]).tolist()))
+        prior = None
         if self.prior_scale > 0:  # residual Q: the network's values on top of the heuristic's prior
-            q = self.policy.q_values(obs) + np.asarray(heuristic_prior(
-                penalties(self.mixing, view, queue[0], self.estimator), mask[:self.num_instances],
-                self.prior_scale), np.float32)
-            a = int(np.argmax(np.where(mask, q, -np.inf)))
-        else:
-            a = self.act(obs, mask)
+            prior = heuristic_prior(penalties(self.mixing, view, queue[0], self.estimator),
+                                    mask[:self.num_instances], self.prior_scale)
+        a = self.act(obs, mask, prior)
         return None if a == self.num_instances else Decision(0, a)
 
 
