@@ -120,6 +120,13 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(f"{p}: not valid TOML: {exc}") from None
+    return profile_from_dict(data, p)
+
+
+def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
+    """A profile from its TOML tables as a dict (a file's, or ``derive_profile``'s held in memory); errors
+    name ``origin`` (the file, or what made the dict)."""
+    p = Path(origin)
     kw: dict[str, Any] = {
         "name": data.get("name", p.stem),
         "description": data.get("description", ""),
@@ -127,7 +134,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         "hardware": data.get("hardware", ""),
         "source": {str(k): str(v) for k, v in data.get("source", {}).items()},
         "physics": dict(data.get("physics", {})),
-        "path": str(p),
+        "path": str(p) if p.is_file() else None,
     }
     for section, keys in _SECTIONS.items():
         tbl = data.get(section)
