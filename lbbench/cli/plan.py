@@ -1,0 +1,160 @@
+"""``lbbench plan``: flags -> ``PlanConfig`` -> ``plan_capacity`` -> a table, JSON or HTML (and the picture).
+
+Thin: the search, the profiles and the rows are ``lbbench.planning``'s. With ``--out DIR`` every search's
+evaluated points are appended to ``DIR/points.jsonl`` as it completes, and ``DIR/plan.json`` (rows, points,
+``complete``), ``DIR/plan.png`` and ``DIR/plan.html`` are written at the end, also after Ctrl-C (then marked
+incomplete, exit 130).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from ..errors import InputError
+from ..experiment import ConfigError, RunConfig
+from ..reports.summary import Slo
+from .flags import ray_option
+from .main import _split_csv, err_console
+from .run import _slo, _trace_options_decorator
+
+
+def _tps(value: str) -> list[int]:
+    out = []
+    for part in _split_csv(value):
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise InputError(f"{part!r} is not a whole number of GPUs", "tp") from None
+    if not out:
+        raise InputError("give a tensor-parallel size, or several comma-separated", "tp")
+    return out
+
+
+def plan_config_from_flags(kw: dict[str, Any]) -> Any:
+    from ..planning import PlanConfig
+
+    trace_opts: dict[str, Any] = {}
+    try:
+        from .trace import split_trace_options
+        read, transform = split_trace_options(kw)
+        trace_opts = {**read, **transform}
+    except ImportError:  # pragma: no cover
+        pass
+    slo = _slo(kw["slo"])
+    if not slo:
+        raise ConfigError("--slo: give at least one limit, e.g. ttft=2,tbt=0.1")
+    run = RunConfig(workload=kw["workload"], trace=kw["trace"], trace_options=trace_opts, rate_per_s=kw["rate"],
+                    requests=kw["requests"], routers=_split_csv(kw["routers"]),
+                    instance_schedulers=_split_csv(kw["instance_scheduler"]), seeds=kw["seeds"], seed=kw["seed"],
+                    burstiness=kw["burstiness"], predictor=kw["predictor"], prompt_tokens=kw["prompt_tokens"],
+                    output_tokens=kw["output_tokens"])
+    return PlanConfig(run=run, model=kw["model"], gpus=_split_csv(kw["gpu"]), tps=_tps(kw["tp"]), slo=Slo(**slo),
+                      attainment=kw["attainment"], max_instances=kw["max_instances"], dtype=kw["dtype"],
+                      price_file=kw["price_file"], jobs=kw["jobs"], ray=kw["ray_address"])
+
+
+@click.command("plan")
+@click.option("--trace", type=click.Path(dir_okay=False), default=None,
+              help="Plan for a trace file (rescaled to --rate).")
+@click.option("--workload", default="paper-mix", show_default=True,
+              help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | dataset:FILE (ignored with --trace).")
+@click.option("--rate", type=float, required=True, help="Arrival rate to plan for, requests/s.")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Requests per simulation (default 2000; 3000 for paper-classes; all of a trace).")
+@click.option("--slo", required=True, metavar="ttft=S,tbt=S[,e2e=S]",
+              help="Latency limits (seconds): TTFT, each request's mean time between tokens, E2E.")
+@click.option("--attainment", type=float, default=0.99, show_default=True,
+              help="Share of requests that must meet every limit, in (0, 1].")
+@click.option("--model", required=True, help="A shipped model config (llama-3.1-8b, ...) or a config.json path.")
+@click.option("--gpu", required=True, metavar="GPU[,GPU...]",
+              help="GPUs to compare (a100-80gb, h100, l4, ...; see `lbbench profile derive --help`).")
+@click.option("--tp", default="1", show_default=True, metavar="N[,N...]", help="Tensor-parallel sizes to try.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default="bf16", show_default=True)
+@click.option("--router", "routers", default="jsq", show_default=True,
+              help="Comma-separated routers; each gets its own rows.")
+@click.option("--instance-scheduler", default="fcfs", show_default=True,
+              help="Comma-separated instance-level schedulers; each gets its own rows.")
+@click.option("--predictor", default="oracle", show_default=True,
+              help="Output-length predictor for length-aware routers.")
+@click.option("--price-file", type=click.Path(dir_okay=False), default=None,
+              help="TOML of US dollars per GPU-hour ([gpu_usd_per_hour]; see examples/prices.example.toml): "
+                   "adds usd_per_hour and usd_per_million_tokens.")
+@click.option("--max-instances", type=int, default=64, show_default=True,
+              help="The largest count searched; a target not met there is an error.")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Paired seeds per count (every count sees the same requests).")
+@click.option("--seed", type=int, default=0, show_default=True, help="First seed.")
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--prompt-tokens", default="128", show_default=True, help="poisson workload: N or MEAN:CV.")
+@click.option("--output-tokens", default="128", show_default=True, help="poisson workload: N or MEAN:CV.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Processes that run the searches (one search per GPU x TP x router) side by side.")
+@ray_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True,
+              help="html: to DIR/plan.html with --out, else to stdout.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write points.jsonl, plan.json, plan.png and plan.html here.")
+@_trace_options_decorator
+def plan_cmd(**kw: Any) -> None:
+    """How many instances of which GPU does this traffic need to meet its SLO?
+
+    For every GPU x TP the profile is derived (physics, not measured), and the smallest instance count whose
+    SLO attainment meets the target is searched on the simulator (exponential probe, bisection, paired seeds).
+
+    \b
+    Examples:
+      lbbench plan --workload paper-mix --rate 20 --slo ttft=2,tbt=0.1 --attainment 0.95 \\
+          --model llama-3.1-8b --gpu a100-80gb,h100,l4
+      lbbench plan --trace prod.parquet --rate 50 --slo ttft=1,tbt=0.05 --model llama-3.1-70b \\
+          --gpu h100,a100-80gb --tp 2,4,8 --price-file prices.toml --format json --out runs/plan
+    """
+    from ..planning import plan_capacity
+    from ..planning.capacity import write_outcome
+    from ..planning.render import attainment_png, print_table, to_html, to_json
+
+    cfg = plan_config_from_flags(kw)
+    out_dir = Path(kw["out_dir"]) if kw["out_dir"] else None
+    if out_dir is not None and (out_dir / "points.jsonl").exists():
+        (out_dir / "points.jsonl").unlink()  # a fresh plan: points of an earlier one do not mix in
+
+    def note(message: str) -> None:
+        err_console.print(message, highlight=False, soft_wrap=True)
+
+    def done(outcome: Any) -> None:
+        k, res = outcome.key, outcome.result
+        got = f"{res.instances} instance(s)" if res else "target not met"
+        note(f"{k['gpu']} TP {k['tp']} {k['router']}: {got} ({len(outcome.points)} counts simulated, "
+             f"{outcome.wall_s:.1f} s)")
+        if out_dir is not None:
+            write_outcome(out_dir, outcome)
+
+    plan = plan_capacity(cfg, note=note, on_outcome=done)
+    png = attainment_png(plan) if plan.outcomes else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "plan.json").write_text(to_json(plan) + "\n")
+        if png is not None:
+            (out_dir / "plan.png").write_bytes(png)
+        (out_dir / "plan.html").write_text(to_html(plan, png))
+    fmt = kw["fmt"]
+    if fmt == "json":
+        click.echo(to_json(plan))
+    elif fmt == "html":
+        if out_dir is None:
+            click.echo(to_html(plan, png))
+        else:
+            note(f"wrote {out_dir / 'plan.html'}")
+    else:
+        print_table(plan, Console() if sys.stdout.isatty() else Console(width=200))
+        if out_dir is not None:
+            Console().print(f"[dim]wrote {out_dir}/plan.json, plan.png, plan.html, points.jsonl[/dim]")
+    if not plan.complete:
+        sys.exit(130)
+
+
+plan = plan_cmd
