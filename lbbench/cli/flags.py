@@ -8,6 +8,9 @@ flag (``--rate: -1 must be > 0 requests/s``). A field with no flag keeps its own
 from __future__ import annotations
 
 import re
+from typing import Any, Callable
+
+import click
 
 FLAGS: dict[str, str] = {
     # RunConfig
@@ -43,3 +46,17 @@ def user_message(exc: BaseException) -> str:
     if m and m.group(1) in FLAGS:
         return FLAGS[m.group(1)] + text[len(m.group(1)):]
     return text
+
+
+def ray_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--ray [auto|ADDRESS]`` -> keyword ``ray_address``: None without the flag, ``"auto"`` for ``--ray`` alone.
+
+    ``auto`` joins the cluster named by ``RAY_ADDRESS`` when it is set, else a cluster running on this machine
+    (``ray start --head``), else starts a local one. ``RAY_ADDRESS`` alone does not turn Ray on.
+    Give the value to ``lbbench.distributed.get_executor(jobs, ray_address)``.
+    """
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value="auto", default=None, metavar="[auto|ADDRESS]",
+        help="Run the simulated units as Ray tasks (needs the ray extra). `--ray` alone = auto: the cluster in "
+             "RAY_ADDRESS, else one started on this machine with `ray start --head`, else a local one; or "
+             "HEAD:6379 / ray://HEAD:10001.")(f)
