@@ -21,6 +21,54 @@ def test_paper_setup_runs_and_prints_the_paper_numbers(tmp_path, monkeypatch):
     assert (tmp_path / "p" / "summary.parquet").is_file()
 
 
+def test_main_and_scale8_print_both_regimes_each_labelled(tmp_path, monkeypatch):
+    for name in ("main", "scale8"):  # physics stays the setup's own (the users' default) profile
+        s = cli_paper.SETUPS[name]
+        assert s.flags[s.flags.index("--profile") + 1] == "llama2-7b-v100"
+        assert s.regimes == (cli_paper.PAPER_REGIME,)
+    small = cli_paper.Setup(("--profile", "llama2-7b-v100", "--instances", "4", "--workload", "paper-mix",
+                             "--rate", "20", "--requests", "60", "--router", "round_robin,jsq,wgrl",
+                             "--predictor", "noisy:0.79", "--seeds", "1"), {"wgrl": 11.43},
+                            regimes=(cli_paper.PAPER_REGIME,))
+    monkeypatch.setitem(cli_paper.SETUPS, "main", small)
+    monkeypatch.setattr(cli_paper, "_without_missing_checkpoints",
+                        lambda args, profile: _drop(args, "wgrl"))  # whether or not one is shipped yet
+    out = tmp_path / "p"
+    res = CliRunner().invoke(main, ["paper", "main", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    text = res.output
+    assert "== llama2-7b-v100: physics-derived" in text
+    assert "== llama2-7b-v100-paper: calibrated to the paper's round-robin mean E2E of 168 s" in text
+    assert "lbbench run --profile llama2-7b-v100-paper --instances 4" in text
+    for prof in ("llama2-7b-v100", "llama2-7b-v100-paper"):
+        assert (out / prof / "summary.parquet").is_file()
+    side = text[text.index("side by side"):].splitlines()
+    jsq = next(x for x in side if x.strip().startswith("jsq"))
+    assert jsq.count(" s ") == 2 and jsq.count("%") == 2  # a cell per regime
+    wgrl = next(x for x in side if x.strip().startswith("wgrl"))
+    assert " - " in wgrl and "+11.43 %" in wgrl  # physics only (left out of the calibrated run)
+    import polars as pl
+    phys = pl.read_parquet(out / "llama2-7b-v100" / "summary.parquet")
+    cal = pl.read_parquet(out / "llama2-7b-v100-paper" / "summary.parquet")
+    assert set(cal["router"]) == {"round_robin", "jsq"} and "wgrl" in set(phys["router"])
+
+
+def _drop(args, router):
+    out = list(args)
+    i = out.index("--router")
+    out[i + 1] = ",".join(r for r in out[i + 1].split(",") if r != router)
+    return out
+
+
+def test_learned_router_without_a_checkpoint_for_the_regime_is_left_out_with_a_note(capsys):
+    args = ["--profile", "llama2-7b-v100", "--instances", "6", "--router", "round_robin,wgrl,jsq"]
+    kept = cli_paper._without_missing_checkpoints(args, "llama2-7b-v100")
+    assert kept[kept.index("--router") + 1] == "round_robin,jsq"
+    assert "wgrl left out of the llama2-7b-v100 run" in capsys.readouterr().out
+    four = cli_paper._without_missing_checkpoints(["--instances", "4", "--router", "wgrl"], "llama2-7b-v100")
+    assert four[-1] == "wgrl"  # shipped for 4 x physics V100
+
+
 def test_paper_setup_without_a_checkpoint_or_trace_exits_2(tmp_path, monkeypatch):
     runner = CliRunner()
     s8 = cli_paper.SETUPS["scale8"]
