@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, run_experiment, to_json
+from ..distributed import UnitError, get_executor
+from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
+from .flags import ray_option
 from .main import _parse_value, _read_endpoints_file, _split_csv, err_console
 
 
@@ -127,7 +129,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
               help="Mean arrival rate in requests/s (default 20; with --trace: rescale to this rate). "
                    "Several, comma-separated, run a load sweep: one run per rate, in parallel processes.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="Processes for a load sweep (default: one per rate, at most the CPU count).")
+              help="Processes the simulated units (routers x schedulers x rates x seeds) run in; records do not "
+                   "depend on it (default: one per rate of a load sweep, at most the CPU count; else 1).")
+@ray_option
 @click.option("--slo", default=None, metavar="ttft=S,tbt=S,e2e=S",
               help="Latency limits (seconds) for goodput: requests/s that met every limit, and their share.")
 @click.option("--requests", type=click.IntRange(min=1), default=None,
@@ -198,6 +202,7 @@ def run_cmd(**kw: Any) -> None:
       lbbench run                                              # paper setup: 4 x V100, paper-mix, 20 req/s
       lbbench run --router round_robin,jsq,least_requests --instance-scheduler fcfs,priority --seeds 5
       lbbench run --profile llama3.1-8b-a100 --trace azure.csv --rate 2,5,10 --slo ttft=1,e2e=30
+      lbbench run --router round_robin,jsq,min_min --rate 10,20,30 --seeds 5 --ray   # units as Ray tasks
       lbbench run --launch tiny --instances 2 --workload poisson --rate 4 --requests 100   # real vLLM (CPU)
       lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
       lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
@@ -208,11 +213,26 @@ def run_cmd(**kw: Any) -> None:
     profile = load_profile(cfg.profile)
     cfg.check(profile)  # before any long work starts
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
-    total = len(cfg.rates) if cfg.rates else len(cfg.variants()) * cfg.seeds * len(cfg.routers)
+    total = len(plan_all(cfg))
+    ray_address = kw["ray_address"]
+    if ray_address is not None and cfg.live:
+        err_console.print("note: --ray distributes simulated units (and load workers); this live run replays "
+                          "from this process", highlight=False, soft_wrap=True)
+        ray_address = None
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err_console, transient=True)
-    with progress:
-        outcome = run_experiment(cfg, out_dir, profile=profile, reporter=_RichReporter(progress, total))
+    executor = None if cfg.live else get_executor(cfg.jobs if total > 1 else 1, ray_address)
+    try:
+        with progress:
+            outcome = run_experiment(cfg, out_dir, profile=profile, reporter=_RichReporter(progress, total),
+                                     executor=executor)
+    except UnitError as exc:
+        click.echo(f"Error: {exc}; the units that finished are in {out_dir} (run.toml: complete = false)",
+                   err=True)
+        sys.exit(1)
+    finally:
+        if executor is not None:
+            executor.close()
     _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete)
     _say_rejections(out_dir / "requests.parquet", profile)
     if not outcome.complete:

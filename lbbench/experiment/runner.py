@@ -11,7 +11,8 @@ A backend differs only in ``fleet(variant)`` and ``Fleet.run``: ``SimBackend`` r
 time, ``LiveBackend`` drives the same ``Dispatcher`` over HTTP (``lbbench.harness.replay``). Both give routers
 the profile's ``InstanceSpec`` (live: with the KV capacity the engine reports), both build records with
 ``RequestRecord.for_request`` under the unit's router label, and both yield the same frames to ``RunDir``.
-A simulated load sweep runs its rates in processes, each through the same ``iter_units``.
+Simulated units may run elsewhere — a process pool or Ray tasks (``lbbench.experiment.parallel`` on an
+``lbbench.distributed`` executor) — with the same records as one after the other here.
 
 Progress and notes go to a ``Reporter`` (the CLI's renders them with rich); errors are ``ConfigError`` and the
 other library errors, never printed here.
@@ -64,6 +65,11 @@ def unit_label(cfg: RunConfig, v: Variant, seed: int, router: str) -> str:
     if v.chunked_prefill is not None:
         parts.append(f"chunked-{'on' if v.chunked_prefill else 'off'}")
     return "-".join(parts)
+
+
+def plan_all(cfg: RunConfig) -> list[Unit]:
+    """Every unit of a (resolved) config, a load sweep's rates included (rate by rate)."""
+    return [u for c in cfg.sweep() for u in plan(c)]
 
 
 def plan(cfg: RunConfig) -> list[Unit]:
@@ -297,12 +303,21 @@ def gate_note(name: str, router: Any) -> str:
             f"{seen}; --router-opt {name}.gate=false routes with the network")
 
 
+def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int, chunked_prefill: bool) -> Any:
+    """The router of one unit, with its options (a learned router's checkpoint for the engine mode)."""
+    from ..routers import get_router
+
+    opts = dict(cfg.router_options.get(unit.router, {}))
+    if unit.router in LEARNED_ROUTERS and "checkpoint" not in opts:
+        opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
+    return get_router(unit.router, num_instances=num_instances, seed=unit.seed, profile=profile, **opts)
+
+
 def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Reporter | None = None
                ) -> Iterator[tuple[Unit, pl.DataFrame, pl.DataFrame | None, bool]]:
     """Run the plan on ``backend``: yield (unit, request rows, timeline rows, complete) per unit, stopping
     after a unit that did not complete."""
     from ..predict import annotate, load_predictor
-    from ..routers import get_router
 
     reporter = reporter or Reporter()
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.seed)
@@ -315,11 +330,7 @@ def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Rep
                 fleet.prepare(reqs)
                 for name in cfg.routers:
                     unit = Unit(v, seed, name, unit_label(cfg, v, seed, name))
-                    opts = dict(cfg.router_options.get(name, {}))
-                    if name in LEARNED_ROUTERS and "checkpoint" not in opts:
-                        opts["chunked_prefill"] = cols["chunked_prefill"]  # picks the engine mode's checkpoint
-                    router = get_router(name, num_instances=fleet.num_instances, seed=seed, profile=profile,
-                                        **opts)
+                    router = make_router(cfg, profile, unit, fleet.num_instances, cols["chunked_prefill"])
                     if getattr(router, "heuristic_only", False) and router.checkpoint not in gated_noted:
                         gated_noted.add(router.checkpoint)
                         reporter.note(gate_note(name, router))
@@ -352,26 +363,6 @@ def sim_frames(args: tuple[RunConfig, str]) -> tuple[list[pl.DataFrame], list[pl
     return frames, timelines
 
 
-def iter_sweep(cfg: RunConfig, run_id: str) -> Iterator[tuple[list[pl.DataFrame], list[pl.DataFrame]]]:
-    """Yield (request frames, timeline frames) per rate of a simulated load sweep, in rate order.
-
-    With ``cfg.jobs > 1`` the rates run in that many processes (spawned, not forked: a forked child can
-    deadlock on locks held by polars' threads); every run is deterministic for its seed, so the records are
-    the same as one rate at a time.
-    """
-    work = [(c, run_id) for c in cfg.sweep()]
-    jobs = min(cfg.jobs, len(work))
-    if jobs <= 1:
-        for w in work:
-            yield sim_frames(w)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        yield from ex.map(sim_frames, work)
-
-
 @dataclass
 class RunOutcome:
     summary: pl.DataFrame
@@ -381,15 +372,22 @@ class RunOutcome:
 
 
 def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | None = None,
-                   reporter: Reporter | None = None, run_id: str | None = None) -> RunOutcome:
+                   reporter: Reporter | None = None, run_id: str | None = None,
+                   executor: Any = None) -> RunOutcome:
     """Run a whole experiment into ``out_dir`` and return its summary.
 
-    ``cfg`` is resolved and checked first. Ctrl-C, a live replay that did not complete, or a live instance
-    that died between units end the run early: everything measured is kept and ``run.toml`` says
-    ``complete = false``.
+    ``cfg`` is resolved and checked first. Simulated units run on ``executor`` (an
+    ``lbbench.distributed.Executor``, which the caller closes; default: a process pool of ``cfg.jobs``
+    processes when that is over 1, else this process); the records do not depend on where they ran. A live
+    run replays from this process whatever the executor. Ctrl-C, a live replay that did not complete, or a
+    live instance that died between units end the run early: everything measured is kept and ``run.toml``
+    says ``complete = false``. A unit whose worker died twice (``lbbench.distributed.UnitError``) does the
+    same, then the error is raised.
     """
+    from ..distributed import SerialExecutor, UnitError, get_executor
     from ..harness.replay import EndpointError
     from ..profiles import load_profile
+    from .parallel import run_sim_units
 
     cfg = cfg.resolved()
     profile = profile or load_profile(cfg.profile)
@@ -401,27 +399,40 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
     t0 = time.perf_counter()
     complete = True
     backend = backend_for(cfg, profile, run_id, rd, reporter)
+    own_executor = executor is None and not cfg.live
+    if own_executor:
+        executor = get_executor(cfg.jobs if len(plan_all(cfg)) > 1 else 1)
+    failure: UnitError | None = None
     try:
-        if cfg.rates:  # a simulated load sweep (check() keeps sweeps off live backends)
-            for i, (frames, timelines) in enumerate(iter_sweep(cfg, run_id)):
-                for df in frames:
-                    rd.add(df, None)
-                for tl in timelines:
-                    rd.add(None, tl)
-                reporter.unit_finished(f"rate {cfg.rates[i]:g}")
-        else:
-            for _unit, df, tl, ok in iter_units(cfg, profile, backend, reporter):
-                rd.add(df, tl)
-                complete = complete and ok
+        if not cfg.live and not isinstance(executor, SerialExecutor):
+            run_sim_units(cfg, profile, run_id, executor, rd, reporter)
+        else:  # one unit after the other here, with per-request progress (a load sweep: rate by rate)
+            for c in cfg.sweep():
+                b = backend if c is cfg else SimBackend(c, profile, run_id)
+                for _unit, df, tl, ok in iter_units(c, profile, b, reporter):
+                    rd.add(df, tl)
+                    complete = complete and ok
     except KeyboardInterrupt:
         complete = False
+    except UnitError as exc:
+        reporter.note(f"stopping: {exc}", warning=True)
+        complete, failure = False, exc
     except EndpointError as exc:
         if not rd.frames:  # nothing measured yet: the endpoints were never usable
             raise
         reporter.note(f"stopping: {exc}", warning=True)  # an instance died between units
         complete = False
+    finally:
+        if own_executor:
+            executor.close()
     extra: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 3)}
+    if not cfg.live and executor is not None:
+        extra.update(executor.describe())
+    if failure is not None:
+        extra["error"] = str(failure)
     if isinstance(backend, LiveBackend) and backend.launched:
         extra["launched_endpoints"] = backend.launched
     summary = rd.finish(complete, extra)
+    if failure is not None:
+        raise failure
     return RunOutcome(summary, complete, rd.path, run_id)
