@@ -28,6 +28,9 @@ FLAGS: dict[str, str] = {
     "trace_format": "--trace-format", "mapping": "--mapping", "skip_bad_rows": "--skip-bad-rows",
     "time_scale": "--time-scale", "window": "--window", "max_prompt_tokens": "--max-prompt-tokens",
     "prompt_overflow": "--prompt-overflow",
+    # lbbench plan
+    "gpu": "--gpu", "tp": "--tp", "attainment": "--attainment", "max_instances": "--max-instances",
+    "price_file": "--price-file",
     # other commands
     "router": "--router", "data": "--data", "pair": "--pair", "max_regression": "--max-regression",
     "metric": "--metric", "test_fraction": "--test-fraction", "port_base": "--port-base", "port": "--port",

@@ -136,7 +136,7 @@ def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli.run", ("run",)), ("lbbench.cli.trace", ("trace",)), ("lbbench.cli.predict", ("predictor",)),
                        ("lbbench.cli.report", ("report", "compare")), ("lbbench.cli.live", ("launch", "serve_sim")),
                        ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile", "fidelity")), ("lbbench.cli.proxy", ("proxy",)),
-                       ("lbbench.cli.paper", ("paper",))):
+                       ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:

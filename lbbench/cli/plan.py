@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import InputError
 from ..experiment import ConfigError, RunConfig
@@ -122,18 +123,23 @@ def plan_cmd(**kw: Any) -> None:
     if out_dir is not None and (out_dir / "points.jsonl").exists():
         (out_dir / "points.jsonl").unlink()  # a fresh plan: points of an earlier one do not mix in
 
-    def note(message: str) -> None:
-        err_console.print(message, highlight=False, soft_wrap=True)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=True, disable=not err_console.is_terminal)
+    searches = progress.add_task("searches", total=None)
 
-    def done(outcome: Any) -> None:
+    def note(message: str) -> None:
+        progress.console.print(message, highlight=False, soft_wrap=True)
+
+    def done(outcome: Any) -> None:  # progress only (transient): the rows are the result
         k, res = outcome.key, outcome.result
         got = f"{res.instances} instance(s)" if res else "target not met"
-        note(f"{k['gpu']} TP {k['tp']} {k['router']}: {got} ({len(outcome.points)} counts simulated, "
-             f"{outcome.wall_s:.1f} s)")
+        progress.update(searches, advance=1, description=f"last: {k['gpu']} TP {k['tp']} {k['router']}: {got} "
+                                                         f"({len(outcome.points)} counts, {outcome.wall_s:.1f} s)")
         if out_dir is not None:
             write_outcome(out_dir, outcome)
 
-    plan = plan_capacity(cfg, note=note, on_outcome=done)
+    with progress:
+        plan = plan_capacity(cfg, note=note, on_outcome=done)
     png = attainment_png(plan) if plan.outcomes else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

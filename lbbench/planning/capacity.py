@@ -230,9 +230,7 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
             try:
                 profile = derived_profile(model, gpu, tp, cfg.dtype, run)
             except DeriveError as exc:
-                msg = f"skipping {gpu.name} at TP {tp}: {str(exc).splitlines()[0]}"
-                skipped.append(msg)
-                note(msg)
+                skipped.append(f"skipping {gpu.name} at TP {tp}: {str(exc).splitlines()[0]}")
                 continue
             run.check(profile)  # routers, schedulers, trace, rate: before any long work
             for router in run.routers:
@@ -241,8 +239,11 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
                     key = {"gpu": gpu.name, "tp": tp, "router": router, "instance_scheduler": sched}
                     tasks.append(SearchTask(key, profile, sub, cfg.slo, cfg.attainment, cfg.max_instances, run_id))
     if not tasks:
-        raise PlanError(f"{model.name} fits none of the GPU x TP combinations asked for "
-                        f"({', '.join(g.name for g in gpus)} at TP {', '.join(map(str, cfg.tps))})", "gpu")
+        first = skipped[0].removeprefix("skipping ")
+        raise PlanError(f"{model.name} fits none of the GPU x TP combinations asked for ("
+                        f"{', '.join(g.name for g in gpus)} at TP {', '.join(map(str, cfg.tps))}); {first}", "gpu")
+    for msg in skipped:
+        note(msg)
     return tasks, skipped
 
 
