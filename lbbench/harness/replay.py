@@ -29,6 +29,17 @@ whose requests fail with connection errors is marked down until its
 Every record is appended to ``out_dir/requests.partial.jsonl`` as soon as its
 request ends. Ctrl-C or SIGTERM stops the run: finished requests are kept and
 the result says ``complete=False``.
+
+With ``load_workers=N`` (``lbbench.live.load_workers``) this process keeps the
+schedule, the router, the state and the records, and N worker processes (or Ray
+actors) send and read the streams. The router then decides each request
+``send_lead_s`` before its arrival (the state it sees is that much older, as it
+already is by up to ``min_step_s`` for token counts) and the worker sends it at
+``planned_send_s`` on the driver's clock, read through its measured clock offset:
+this process's own delays no longer reach the send times. A record's
+``dispatch_s`` is then the time the decision takes effect (its planned send),
+never before its arrival. A worker that dies stops the run, incomplete, with
+what had finished.
 """
 
 from __future__ import annotations
@@ -135,6 +146,10 @@ class ReplayResult:
     model: str = ""
     #: ``time.monotonic()`` at the run clock's zero (to line up outside events)
     clock_origin_s: float = 0.0
+    #: load workers: one row per worker (id, host, pid, clock offset and its error bound, requests, lag p50/p99)
+    load_workers: list[dict] = field(default_factory=list)
+    #: load workers: per-record columns in ``records`` order (``load_worker``, ``clock_offset_s``)
+    record_columns: dict[str, list] = field(default_factory=dict)
 
 
 class _Replay:
@@ -145,11 +160,17 @@ class _Replay:
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
                  prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
-                 stream_workers: int = 0):
+                 stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02):
         self.engine = engine
         self.label = label or router.name
         self.stream_workers = stream_workers
         self.workers = None
+        self.num_load_workers = load_workers
+        self.ray = ray
+        self.lw = None  # LoadWorkers
+        self.lead_s = send_lead_s if load_workers else 0.0
+        self.no_lead: set[int] = set()  # session turns: they arrive when due, not ahead
+        self.worker_rec: dict[int, int] = {}  # request id -> load worker
         #: requests handed to stream workers: id -> (request, instance, dispatch_s, planned_s)
         self.remote: dict[int, tuple[Request, int, float, float]] = {}
         self.requests = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
@@ -207,9 +228,13 @@ class _Replay:
                 await self._warm_pool()
                 if self.stream_workers:
                     self.workers = self._start_workers()
-                self.drive.start_clock(0.01)  # a little lead-in for the first arrival
+                if self.num_load_workers:
+                    self.lw = self._start_load_workers()
+                self.drive.start_clock(0.01 + self.lead_s)  # a little lead-in for the first arrival
                 if self.workers is not None:
                     self.workers.start(self.loop, self.drive.t0, self._on_worker_item, self._crash)
+                if self.lw is not None:
+                    self.lw.start(self.loop, self.drive.t0, self._on_worker_item, self._worker_lost)
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
@@ -226,16 +251,26 @@ class _Replay:
         finally:
             if self.workers is not None:
                 self.workers.close()
+            if self.lw is not None:
+                self.lw.close()
             if partial is not None:
                 partial.close()
         if self.error is not None:
             raise self.error
         complete = self.interrupted is None and len(self.records) == len(self.requests)
         metrics = pl.DataFrame(self.metric_rows, schema=METRICS_SCHEMA, orient="row")
-        return ReplayResult(records=self.records, metrics=metrics, complete=complete,
-                            token_times=self.token_times, interrupted=self.interrupted,
-                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
-                            model=self.model, clock_origin_s=self.drive.t0)
+        res = ReplayResult(records=self.records, metrics=metrics, complete=complete,
+                           token_times=self.token_times, interrupted=self.interrupted,
+                           duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
+                           model=self.model, clock_origin_s=self.drive.t0)
+        if self.lw is not None:
+            from ..live.load_workers import worker_summary
+            res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec)
+            offsets = [w.clock.offset_s for w in self.lw.info]
+            wid = [self.worker_rec.get(r.request_id) for r in self.records]
+            res.record_columns = {"load_worker": wid,
+                                  "clock_offset_s": [offsets[w] if w is not None else None for w in wid]}
+        return res
 
     def _start_workers(self):
         from ..live.workers import StreamWorkers, WorkerSettings
@@ -244,6 +279,18 @@ class _Replay:
                                   min_step_s=self.min_step_s,
                                   warm_connections=min(self.warm_connections, len(self.requests)))
         return StreamWorkers(self.stream_workers, settings)
+
+    def _start_load_workers(self):
+        from ..live.load_workers import LoadWorkers, LoadWorkerSettings
+        settings = LoadWorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.api,
+                                      engine=self.engine.name, request_timeout_s=self.request_timeout_s,
+                                      min_step_s=self.min_step_s,
+                                      warm_connections=min(self.warm_connections, len(self.requests)))
+        return LoadWorkers(self.num_load_workers, settings, ray=self.ray)
+
+    def _worker_lost(self, worker: int, held: list[int]) -> None:
+        """A load worker's connection closed mid-run: stop, keep what finished, incomplete."""
+        self.request_stop(f"load worker {worker} lost with {len(held)} request(s) in flight")
 
     def _on_worker_item(self, item: tuple) -> None:
         """A batch item from a stream worker: token events, or a request's whole result."""
@@ -281,8 +328,9 @@ class _Replay:
         reqs = self._stream
         i, n = 0, len(reqs)
         early_s = self.early_wake_s
+        lead_s = self.lead_s  # load workers: decide this much ahead, the worker sends on time
         while i < n:
-            target = reqs[i].arrival_s
+            target = reqs[i].arrival_s - lead_s
             delay = target - self.now()
             if delay > early_s:
                 # the selector rounds its timeout up to a whole millisecond: wake a
@@ -291,7 +339,7 @@ class _Replay:
             while self.now() < target:
                 await asyncio.sleep(0)
             now = self.now()
-            while i < n and reqs[i].arrival_s <= now:
+            while i < n and reqs[i].arrival_s - lead_s <= now:
                 self.drive.arrive(reqs[i])
                 self.arrived_at[reqs[i].request_id] = now
                 i += 1
@@ -305,6 +353,7 @@ class _Replay:
             self.loop.call_later(due_s - now, self._arrive_turn, req, due_s)
             return
         req = replace(req, arrival_s=now)
+        self.no_lead.add(req.request_id)
         self.drive.arrive(req)
         self.arrived_at[req.request_id] = now
         self.num_arrived += 1
@@ -315,6 +364,15 @@ class _Replay:
 
     def _dispatched(self, req: Request, inst: int, now: float) -> None:
         held = now - self.arrived_at.pop(req.request_id, now)
+        if self.lw is not None:
+            lead = 0.0 if req.request_id in self.no_lead else self.lead_s
+            self.no_lead.discard(req.request_id)
+            planned = req.arrival_s + max(0.0, held - lead)  # what the router held it for, beyond the lead
+            prio = self.priority_of(req) if self.priority_of is not None else None
+            self.remote[req.request_id] = (req, inst, planned, planned)
+            self.worker_rec[req.request_id] = self.lw.submit(req, inst, prio,
+                                                             (self.prompt_texts or {}).get(req.request_id), planned)
+            return
         if self.workers is not None:
             self.remote[req.request_id] = (req, inst, now, req.arrival_s + held)
             prio = self.priority_of(req) if self.priority_of is not None else None
@@ -366,7 +424,11 @@ class _Replay:
         if res is not None:
             self.token_times[req.request_id] = res.token_times_s
         if self.partial is not None:
-            self.partial.write(json.dumps(rec.as_dict()) + "\n")
+            row = rec.as_dict()
+            if self.lw is not None and req.request_id in self.worker_rec:
+                w = self.worker_rec[req.request_id]
+                row["load_worker"], row["clock_offset_s"] = w, self.lw.info[w].clock.offset_s
+            self.partial.write(json.dumps(row) + "\n")
             self.partial.flush()
         done, total = len(self.records), len(self.requests)
         if self.progress is not None:
@@ -443,7 +505,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                priority_of: Callable[[Request], int] | None = None,
                prompt_texts: dict[int, str] | None = None,
                engine: Engine | str | None = None, label: str | None = None,
-               stream_workers: int = 0) -> ReplayResult:
+               stream_workers: int = 0, load_workers: int = 0, ray: bool = False,
+               send_lead_s: float = 0.02) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -457,6 +520,10 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     the metrics of the endpoints' engine. ``label`` is the records' ``router`` column (default: the router's name).
     ``stream_workers`` > 0 sends and reads the streams in that many worker processes (``lbbench.live.workers``),
     leaving this process only the schedule, the decisions and the records.
+    ``load_workers`` > 0 goes further (``lbbench.live.load_workers``): the router decides ``send_lead_s`` ahead of
+    each arrival and the workers (local processes, or Ray actors with ``ray``: the caller has connected to a
+    cluster) send at the planned times on this process's clock; ``result.load_workers`` has each worker's clock
+    offset and dispatch lag.
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -467,6 +534,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
         specs = [InstanceSpec() for _ in urls]
     if len(specs) != len(urls):
         raise ValueError(f"{len(specs)} instance specs for {len(urls)} endpoints")
+    if stream_workers and load_workers:
+        raise ValueError("load_workers: choose stream workers or load workers, not both")
     if model is None:
         try:
             models = served_models(urls[0])
@@ -482,7 +551,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
                      priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
-                     label=label, stream_workers=stream_workers)
+                     label=label, stream_workers=stream_workers, load_workers=load_workers, ray=ray,
+                     send_lead_s=send_lead_s)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

@@ -1,0 +1,495 @@
+"""Load workers: processes (or Ray actors) that send requests at planned times and read their streams.
+
+The replay's driver keeps the one schedule, the router, the cluster state and the records, as AIPerf's timing
+manager and inference-perf's main process do. It decides each request a little ahead of its arrival (the
+replay's send lead) and hands ``(request, instance, planned_send_s)`` to one worker; the worker sends it when its
+own clock says ``planned_send_s`` has come, reads the stream with the lean reader (``lbbench.live.lean_http``)
+and returns, batched once per loop iteration, the same items as stream workers (``lbbench.live.workers``):
+
+- ``("first", request_id, instance, t)`` and ``("tokens", request_id, instance, t, count)``: throttled token
+  events (first token, then at most one per ``min_step_s``);
+- ``("done", request_id, instance, StreamResult)``: the whole result.
+
+**One clock.** Workers connect to the driver over TCP (the same on one machine and across a Ray cluster). Before
+the run each one measures its clock offset to the driver by ping-pong (``lbbench.live.clock``: the round with the
+minimum round trip), and from then on reads the driver's run clock as ``time.monotonic() - offset - t0``: planned
+times are met on the driver's clock, and every time a worker returns (send, tokens, finish) is on it, so the
+dispatch lag ``actual_send_s - planned_send_s`` is measured on the driver's clock.
+
+Messages are length-prefixed pickles. A worker that dies (its connection closes) is reported to the driver's
+``on_lost``; the replay then stops, keeps what finished and marks itself incomplete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..core import Request
+from .clock import ClockOffset, measure_offset
+
+_LEN = struct.Struct("!I")
+#: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
+EARLY_WAKE_S = 0.0005
+
+
+@dataclass(frozen=True)
+class LoadWorkerSettings:
+    endpoints: tuple[str, ...]
+    model: str
+    api: str
+    engine: str
+    request_timeout_s: float
+    min_step_s: float
+    warm_connections: int
+    ping_rounds: int = 16
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who a worker is and how its clock relates to the driver's."""
+
+    worker: int
+    host: str
+    pid: int
+    clock: ClockOffset
+
+
+# -- framing ---------------------------------------------------------------------------------------------------
+def send_msg(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def recv_msg(sock: socket.socket) -> Any:
+    """One message from a blocking socket (``EOFError`` when it closed)."""
+    head = _recv_exact(sock, _LEN.size)
+    return pickle.loads(_recv_exact(sock, _LEN.unpack(head)[0]))
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = sock.recv(n - len(out))
+        if not got:
+            raise EOFError("connection closed")
+        out += got
+    return bytes(out)
+
+
+class Frames:
+    """Reassembles messages from a byte stream read in arbitrary pieces."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    def feed(self, data: bytes) -> list[Any]:
+        buf = self.buf + data if self.buf else data
+        out, pos = [], 0
+        while len(buf) - pos >= _LEN.size:
+            (n,) = _LEN.unpack_from(buf, pos)
+            if len(buf) - pos - _LEN.size < n:
+                break
+            out.append(pickle.loads(buf[pos + _LEN.size:pos + _LEN.size + n]))
+            pos += _LEN.size + n
+        self.buf = buf[pos:]
+        return out
+
+
+# -- the worker ------------------------------------------------------------------------------------------------
+class _Worker:
+    def __init__(self, sock: socket.socket, clock: ClockOffset, settings: LoadWorkerSettings):
+        self.sock = sock
+        self.offset_s = clock.offset_s
+        self.t0 = math.inf  # the driver's run-clock zero (driver's monotonic), sent before any job
+        self.s = settings
+        self.heap: list[tuple[float, int, tuple]] = []
+        self.seq = itertools.count()
+        self.prios: dict[int, int | None] = {}
+        self.outbox: list[tuple] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.frames = Frames()
+        self._flush_pending = False
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = math.inf
+
+    def now(self) -> float:
+        """The driver's run clock, read on this worker."""
+        return time.monotonic() - self.offset_s - self.t0
+
+    async def run(self) -> None:
+        from ..engines import get_engine
+        from .lean_http import LeanHttpClient
+
+        self.loop = asyncio.get_running_loop()
+        self.stopped = asyncio.Event()
+        self.client = LeanHttpClient(model=self.s.model, clock=self.now, api=self.s.api,
+                                     engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
+                                     priority_of=lambda r: self.prios.get(r.request_id))
+        try:
+            await self.client.warm(self.s.endpoints, self.s.warm_connections)
+            send_msg(self.sock, [("ready",)])
+            self.sock.setblocking(False)
+            self.loop.add_reader(self.sock.fileno(), self._readable)
+            await self.stopped.wait()
+            self.loop.remove_reader(self.sock.fileno())
+            if self._timer is not None:
+                self._timer.cancel()
+            for t in self.tasks:
+                t.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        finally:
+            self.client.close()
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the driver went away
+            self.stopped.set()
+            return
+        for msg in self.frames.feed(data):
+            for item in msg:
+                kind = item[0]
+                if kind == "send":
+                    _, req, inst, prio, text, planned_s = item
+                    self.prios[req.request_id] = prio
+                    if text is not None:
+                        self.client.prompt_texts[req.request_id] = text
+                    heapq.heappush(self.heap, (planned_s, next(self.seq), (req, inst)))
+                elif kind == "t0":
+                    self.t0 = item[1]
+                elif kind == "stop":
+                    self.stopped.set()
+                    return
+        self._arm()
+
+    # -- the schedule ------------------------------------------------------------------------------------------
+    def _arm(self) -> None:
+        """Make sure a wake-up is set for the earliest planned send."""
+        if not self.heap:
+            return
+        due = self.heap[0][0]
+        if due >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        delay = due - self.now() - EARLY_WAKE_S
+        self._timer = self.loop.call_later(delay, self._due) if delay > 0 else self.loop.call_soon(self._due)
+
+    def _due(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        heap, now = self.heap, self.now()
+        while heap and heap[0][0] <= now:
+            _, _, (req, inst) = heapq.heappop(heap)
+            task = self.loop.create_task(self._one(req, inst))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            now = self.now()
+        if heap:
+            if heap[0][0] - now <= EARLY_WAKE_S:  # the last fraction: yield to other callbacks until it is due
+                self._timer_at = heap[0][0]
+                self._timer = self.loop.call_soon(self._due)
+            else:
+                self._arm()
+
+    # -- sending -----------------------------------------------------------------------------------------------
+    def _emit(self, item: tuple) -> None:
+        self.outbox.append(item)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        batch, self.outbox = self.outbox, []
+        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self.sock.setblocking(True)
+            self.sock.sendall(_LEN.pack(len(data)) + data)
+            self.sock.setblocking(False)
+        except OSError:
+            self.stopped.set()
+
+    async def _one(self, req: Request, inst: int) -> None:
+        rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
+        last = [-math.inf]
+
+        def on_tokens(count: int, t: float) -> None:
+            if last[0] == -math.inf:
+                emit(("first", rid, inst, t))
+                last[0] = t
+            elif t - last[0] >= step_s:
+                emit(("tokens", rid, inst, t, count))
+                last[0] = t
+
+        res = await self.client.send(self.s.endpoints[inst], req, on_tokens)
+        self.prios.pop(rid, None)
+        self.client.prompt_texts.pop(rid, None)
+        emit(("done", rid, inst, res))
+
+
+def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
+    """A load worker: connect to the driver, measure the clock offset, then serve jobs until told to stop."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when a run stops
+    except ValueError:  # not the main thread (a Ray actor's executor thread)
+        pass
+    from .drive import new_event_loop
+
+    sock = socket.create_connection(address, timeout=60)
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        send_msg(sock, ("hello", worker, socket.gethostname(), os.getpid()))
+
+        def ask_driver() -> float:
+            send_msg(sock, ("ping",))
+            return recv_msg(sock)[1]
+
+        clock = measure_offset(time.monotonic, ask_driver, settings.ping_rounds)
+        send_msg(sock, ("clock", clock.offset_s, clock.rtt_s))
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(_Worker(sock, clock, settings).run())
+        finally:
+            loop.close()
+    except (EOFError, OSError):  # the driver went away
+        pass
+    finally:
+        sock.close()
+
+
+def _ray_actor_class():
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class LoadWorkerActor:
+        def run(self, worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
+            worker_main(worker, address, settings)
+
+    return LoadWorkerActor
+
+
+# -- the driver's side -----------------------------------------------------------------------------------------
+class LoadWorkers:
+    """``n`` load workers connected to this driver: local processes, or Ray actors when ``ray`` is set."""
+
+    def __init__(self, n: int, settings: LoadWorkerSettings, ray: bool = False, start_timeout_s: float = 120.0):
+        self.n = n
+        self.procs: list[Any] = []
+        self.actors: list[Any] = []
+        self.refs: list[Any] = []
+        self.socks: list[socket.socket] = []
+        self.info: list[WorkerInfo] = []
+        self.load = [0] * n
+        self.worker_of: dict[int, int] = {}
+        self.outbox: list[list[tuple]] = [[] for _ in range(n)]
+        self.alive = [True] * n
+        self._flush_pending = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0" if ray else "127.0.0.1", 0))
+        listener.listen(n)
+        listener.settimeout(start_timeout_s)
+        try:
+            host = "127.0.0.1"
+            if ray:
+                import ray as ray_mod
+                host = ray_mod.util.get_node_ip_address()
+            address = (host, listener.getsockname()[1])
+            self._start(n, address, settings, ray)
+            by_id: dict[int, socket.socket] = {}
+            deadline = time.monotonic() + start_timeout_s
+            listener.settimeout(0.25)
+            while len(by_id) < n:
+                try:
+                    sock, _ = listener.accept()
+                except socket.timeout:
+                    self._check_started()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{n - len(by_id)} load worker(s) did not connect within "
+                                           f"{start_timeout_s:g}s") from None
+                    continue
+                sock.settimeout(start_timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                hello = recv_msg(sock)
+                by_id[hello[1]] = sock
+                self.info.append(WorkerInfo(hello[1], hello[2], hello[3], ClockOffset(0.0, math.inf)))
+            self.socks = [by_id[i] for i in range(n)]
+            self.info.sort(key=lambda w: w.worker)
+            for i, sock in enumerate(self.socks):  # serve one worker's pings at a time: its round trips stay short
+                while True:
+                    msg = recv_msg(sock)
+                    if msg[0] == "ping":
+                        send_msg(sock, ("pong", time.monotonic()))
+                    elif msg[0] == "clock":
+                        w = self.info[i]
+                        self.info[i] = WorkerInfo(w.worker, w.host, w.pid, ClockOffset(msg[1], msg[2]))
+                        break
+            for i, sock in enumerate(self.socks):
+                if recv_msg(sock) != [("ready",)]:
+                    raise RuntimeError(f"load worker {i} did not get ready")
+                sock.settimeout(None)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            listener.close()
+
+    def _start(self, n: int, address: tuple[str, int], settings: LoadWorkerSettings, ray: bool) -> None:
+        if ray:
+            actor = _ray_actor_class()
+            self.actors = [actor.options(name=None).remote() for _ in range(n)]
+            self.refs = [a.run.remote(i, address, settings) for i, a in enumerate(self.actors)]
+            return
+        ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's event loop
+        for i in range(n):
+            proc = ctx.Process(target=worker_main, args=(i, address, settings), name=f"lbbench-load-{i}",
+                               daemon=True)
+            proc.start()
+            self.procs.append(proc)
+
+    def _check_started(self) -> None:
+        """Raise when a worker ended before it connected."""
+        for i, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                raise RuntimeError(f"load worker {i} exited while starting (exit code {proc.exitcode})")
+        if self.refs:
+            import ray
+            done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+            for ref in done:
+                ray.get(ref)  # raises the actor's error
+                raise RuntimeError(f"load worker {self.refs.index(ref)} ended while starting")
+
+    def start(self, loop: asyncio.AbstractEventLoop, t0: float, on_item: Callable[[tuple], None],
+              on_lost: Callable[[int, list[int]], None]) -> None:
+        """Send the run's clock zero (driver monotonic) and read the workers' batches on ``loop``.
+        ``on_lost(worker, request ids it held)`` when a worker's connection closes mid-run."""
+        self.loop = loop
+        self.on_item = on_item
+        self.on_lost = on_lost
+        self.frames = [Frames() for _ in self.socks]
+        for i, sock in enumerate(self.socks):
+            send_msg(sock, [("t0", t0)])
+            sock.setblocking(False)
+            loop.add_reader(sock.fileno(), self._readable, i)
+
+    def submit(self, req: Request, inst: int, priority: int | None, prompt_text: str | None,
+               planned_send_s: float) -> int:
+        """Hand a dispatched request to the least-loaded live worker; returns the worker's id."""
+        i = min((j for j in range(self.n) if self.alive[j]), key=self.load.__getitem__)
+        self.load[i] += 1
+        self.worker_of[req.request_id] = i
+        self.outbox[i].append(("send", req, inst, priority, prompt_text, planned_send_s))
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
+        return i
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        for i, box in enumerate(self.outbox):
+            if not box:
+                continue
+            self.outbox[i] = []
+            if not self.alive[i]:
+                continue
+            sock = self.socks[i]
+            try:
+                sock.setblocking(True)
+                send_msg(sock, box)
+                sock.setblocking(False)
+            except OSError:
+                self._lost(i)
+
+    def _readable(self, i: int) -> None:
+        try:
+            data = self.socks[i].recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._lost(i)
+            return
+        for batch in self.frames[i].feed(data):
+            for item in batch:
+                if item[0] == "done":
+                    w = self.worker_of.pop(item[1], None)
+                    if w is not None:
+                        self.load[w] -= 1
+                self.on_item(item)
+
+    def _lost(self, i: int) -> None:
+        if not self.alive[i]:
+            return
+        self.alive[i] = False
+        if self.loop is not None:
+            self.loop.remove_reader(self.socks[i].fileno())
+        held = [rid for rid, w in self.worker_of.items() if w == i]
+        self.on_lost(i, held)
+
+    def close(self) -> None:
+        for i, sock in enumerate(self.socks):
+            try:
+                if self.loop is not None and self.alive[i]:
+                    self.loop.remove_reader(sock.fileno())
+                sock.setblocking(True)
+                sock.settimeout(2.0)
+                send_msg(sock, [("stop",)])
+            except (OSError, ValueError):
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        if self.actors:
+            import ray
+            for a in self.actors:
+                ray.kill(a)
+        for sock in self.socks:
+            sock.close()
+
+
+def worker_summary(info: list[WorkerInfo], records: list, worker_of: dict[int, int]) -> list[dict]:
+    """One row per worker: clock offset (ms) and its error bound (half the minimum round trip), requests sent,
+    dispatch lag ``actual_send_s - planned_send_s`` p50 / p99 / max (ms, the driver's clock)."""
+    import numpy as np
+
+    lags: dict[int, list[float]] = {w.worker: [] for w in info}
+    sent = {w.worker: 0 for w in info}
+    for r in records:
+        w = worker_of.get(r.request_id)
+        if w is None:
+            continue
+        sent[w] += 1
+        if r.actual_send_s is not None and r.planned_send_s is not None:
+            lags[w].append(r.actual_send_s - r.planned_send_s)
+    rows = []
+    for w in info:
+        lag = np.asarray(lags[w.worker]) * 1e3
+        rows.append({"worker": w.worker, "host": w.host, "pid": w.pid,
+                     "clock_offset_ms": w.clock.offset_s * 1e3, "clock_error_ms": w.clock.max_error_s * 1e3,
+                     "requests": sent[w.worker],
+                     "lag_p50_ms": float(np.percentile(lag, 50)) if lag.size else None,
+                     "lag_p99_ms": float(np.percentile(lag, 99)) if lag.size else None,
+                     "lag_max_ms": float(lag.max()) if lag.size else None})
+    return rows
