@@ -105,26 +105,33 @@ def attainment_png(plan: Plan) -> bytes:
     routers = {o.key["router"] for o in plan.outcomes}
     scheds = {o.key["instance_scheduler"] for o in plan.outcomes}
     top = 1
-    for o in plan.outcomes:
+    markers = "osD^vP*X"
+    count = len(plan.outcomes)
+    for i, o in enumerate(plan.outcomes):
         k = o.key
         label = f"{k['gpu']} TP {k['tp']}" + (f" {k['router']}" if len(routers) > 1 else "") \
             + (f" {k['instance_scheduler']}" if len(scheds) > 1 else "")
         xs = sorted(o.points)
         ys = [o.points[n]["attainment"] or 0.0 for n in xs]
         top = max(top, *xs)
-        (line,) = ax.plot(xs, ys, marker="o", ms=4, label=label)
+        size = 4 + 2.5 * (count - 1 - i)  # earlier lines drawn larger, so points that coincide stay visible
         if o.result is not None:
-            ax.plot([o.result.instances], [o.result.attainment], marker="o", ms=11, mfc="none",
-                    mec=line.get_color(), mew=2)
+            label += f": {o.result.instances}"
+        (line,) = ax.plot(xs, ys, marker=markers[i % len(markers)], ms=size, label=label, zorder=2 + i)
+        if o.result is not None:
+            ax.plot([o.result.instances], [o.result.attainment], marker="o", ms=size + 8, mfc="none",
+                    mec=line.get_color(), mew=2, zorder=2 + i)
     ax.axhline(plan.config["attainment"], ls="--", color="0.4", lw=1,
                label=f"target {100 * plan.config['attainment']:g} %")
     if top > 16:
         ax.set_xscale("log", base=2)
+    else:
+        ax.set_xticks(range(1, top + 1))
     ax.set_xlabel("instances")
     ax.set_ylabel("SLO attainment (share of requests)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right", title="GPU TP: planned count", title_fontsize=8)
     ax.set_title("SLO attainment against instance count (ringed: the planned count)", fontsize=10)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
