@@ -37,6 +37,7 @@ FLAGS: dict[str, str] = {
     "kind": "--kind", "guidance_schedule": "--guidance-schedule", "format": "--format",
     "estimator": "--estimator", "discount": "--discount", "max_model_len": "--max-model-len",
     "num_requests": "--requests", "scheme": "--scheme", "encoder": "--encoder",
+    "cpus_per_instance": "--cpus-per-instance", "calibrate_on": "--calibrate-on", "check_on": "--check-on",
 }
 
 _LEADING_FIELD = re.compile(r"^([a-z][a-z_]*)(?=[: ])")

@@ -47,10 +47,15 @@ def _announce(urls: list[str], what: str, endpoints_file: str | None) -> None:
               show_default=True, help="Seconds to wait for every /health.")
 @click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),
               help="Also write the endpoint URLs to this file.")
+@click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
+              help="CPU instances: pin each to its own N cores (no two share compute, as GPUs do not); the "
+                   "cores left are for clients. Refused when instances x N + 1 exceeds the machine's cores. "
+                   "Default: the cores split between the instances, unpinned.")
 @click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
 def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_seqs: int | None,
                max_num_batched_tokens: int | None, vllm_python: str | None, port_base: int, log_dir: str,
-               health_timeout_s: float, endpoints_file: str | None, extra_args: tuple[str, ...]) -> None:
+               health_timeout_s: float, endpoints_file: str | None, cpus_per_instance: int | None,
+               extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
     from ..engines.vllm.launcher import LaunchError, launch
@@ -63,8 +68,12 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
         with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),
                     vllm_python=vllm_python, log_dir=log_dir, port_base=port_base,
-                    health_timeout_s=health_timeout_s) as urls:
+                    health_timeout_s=health_timeout_s, cpus_per_instance=cpus_per_instance) as urls:
             _announce(urls, "vLLM server(s)", endpoints_file)
+            if urls.placement is not None:
+                p = urls.placement.as_dict()
+                click.echo(f"cores: instances {', '.join(p['instance_cores'])}; "
+                           f"{'clients ' + p['client_cores'] if p['pinned'] else 'unpinned (shared)'}", err=True)
             click.echo(f"logs in {log_dir}", err=True)
             while True:
                 time.sleep(3600)
@@ -73,8 +82,9 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     except LaunchError as exc:
         from .flags import user_message
         first, rest = user_message(exc), str(exc).partition("\n")[2]
-        if rest:
-            click.echo(rest, err=True)  # the server log's tail
+        if not rest:  # a bad layout or flag: the command group prints it in one line (exit 2)
+            raise
+        click.echo(rest, err=True)  # the server log's tail
         raise click.UsageError(first) from None
     click.echo("servers stopped", err=True)
 

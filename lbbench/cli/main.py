@@ -135,7 +135,8 @@ def _read_endpoints_file(path: str) -> list[str]:
 def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli.run", ("run",)), ("lbbench.cli.trace", ("trace",)), ("lbbench.cli.predict", ("predictor",)),
                        ("lbbench.cli.report", ("report", "compare")), ("lbbench.cli.live", ("launch", "serve_sim")),
-                       ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile", "fidelity")), ("lbbench.cli.proxy", ("proxy",)),
+                       ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile",)),
+                       ("lbbench.cli.fidelity", ("fidelity",)), ("lbbench.cli.proxy", ("proxy",)),
                        ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",))):
         try:
             m = importlib.import_module(mod)

@@ -1,4 +1,5 @@
-"""``lbbench profile derive|measure|calibrate`` and ``lbbench fidelity``: where profiles come from, and how true they are."""
+"""``lbbench profile derive|measure|calibrate``: where profiles come from (``lbbench fidelity``, in ``fidelity.py``,
+says how true they are, with the workload options defined here)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ _backend_and_workload_options = _options(
                  help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured "
                       "as the profile says (max_num_seqs, token budget, chunked prefill, prefix caching)."),
     click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch."),
+    click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
+                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
+                      "so that instances do not share compute (as GPU instances do not); refused when "
+                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned."),
     click.option("--workload", default="poisson", show_default=True,
                  help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),
     click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead."),
@@ -51,18 +56,22 @@ _load_options = _options(
 
 
 def _requests_for(prof, profile_name: str, *, workload: str, trace: str | None, max_prompt_tokens: int | None,
-                  rate: float, requests: int, seed: int, prompt_tokens: str, output_tokens: str, predictor: str):
+                  rate: float, requests: int, seed: int, prompt_tokens: str, output_tokens: str, predictor: str,
+                  trace_options: dict | None = None, burstiness: float = 1.0):
     from ..experiment import RunConfig, build_requests
     from ..predict import annotate, load_predictor
 
+    opts = dict(trace_options or {})
+    if max_prompt_tokens:
+        opts["max_prompt_tokens"] = max_prompt_tokens
     cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
-                    trace_options={"max_prompt_tokens": max_prompt_tokens} if max_prompt_tokens else {},
-                    seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
+                    trace_options=opts, seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                    predictor=predictor, burstiness=burstiness)
     return annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
 
 
 def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int, *, vllm_python, log_dir,
-                       port_base: int):
+                       port_base: int, cpus_per_instance: int | None = None):
     """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
     import contextlib
 
@@ -77,7 +86,7 @@ def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int,
         extra += ["--max-model-len", str(prof.max_model_len)]
     return launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
                   max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
-                  log_dir=log_dir, port_base=port_base, extra_args=extra,
+                  log_dir=log_dir, port_base=port_base, extra_args=extra, cpus_per_instance=cpus_per_instance,
                   # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
                   extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
 
@@ -185,10 +194,14 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
 @click.option("--log-dir", type=click.Path(file_okay=False), default="runs/measure-logs", show_default=True)
 @click.option("--port", type=click.IntRange(1, 65535), default=8150, show_default=True,
               help="Port for the launched server.")
+@click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
+                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
+                      "so that instances do not share compute (as GPU instances do not); refused when "
+                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned.")
 def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, name: str | None, max_num_seqs: int,
                 max_num_batched_tokens: int, chunked_prefill: str, repeats: int, instances: int,
                 hardware: str | None,
-                vllm_python: str | None, log_dir: str, port: int) -> None:
+                vllm_python: str | None, log_dir: str, port: int, cpus_per_instance: int | None) -> None:
     """Fit a profile to a live vLLM: a sweep of prefill sizes, decode batch sizes and context lengths, KV blocks
     read from the engine, least-squares step-time coefficients with residuals in [source]."""
     import contextlib
@@ -218,7 +231,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
         if launch_model is not None:
             ctx = launch(launch_model, instances, chunked_prefill=chunked, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, vllm_python=vllm_python,
-                         log_dir=log_dir, port_base=port, extra_args=extra)
+                         log_dir=log_dir, port_base=port, extra_args=extra, cpus_per_instance=cpus_per_instance)
         else:
             ctx = contextlib.nullcontext(list(endpoint))
         with ctx as urls:
@@ -258,6 +271,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
 def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
+                  cpus_per_instance: int | None,
                   workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str,
                   output_tokens: str, router: str, requests: int, rate: float, repeats: int, seed: int,
                   predictor: str, vllm_python: str | None, log_dir: str, port_base: int, out: str) -> None:
@@ -276,7 +290,7 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
         raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
     prof = load_profile(path)
     ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
-                             port_base=port_base)
+                             port_base=port_base, cpus_per_instance=cpus_per_instance)
     reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
                          rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens, predictor=predictor)
@@ -300,82 +314,3 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
                f"mean E2E live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s before, "
                f"{cal.sim_after['mean_e2e_s']:.3f} s after")
     click.echo(f"wrote {out}")
-
-
-
-@click.command("fidelity")
-@click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
-@_backend_and_workload_options
-@click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
-              help="Comma-separated routers to compare.")
-@_load_options
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Live replays per router, interleaved by router.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the evaluated requests (calibrate a profile on another).")
-@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
-@click.option("--prefix-caching/--no-prefix-caching", default=None,
-              help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "
-                   "are compared too.")
-@click.option("--max-error-pct", type=click.FloatRange(min=0), default=None,
-              help="Exit 1 when any router's mean E2E error exceeds this (a regression gate).")
-@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Write every simulated and live record (records.parquet) and the report (fidelity.json) here.")
-@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/fidelity-logs", show_default=True)
-@click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def fidelity_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
-                 workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, routers: str,
-                 requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
-                 max_error_pct: float | None, vllm_python: str | None, out_dir: str | None, log_dir: str,
-                 port_base: int,
-                 fmt: str) -> None:
-    """Replay the same requests live and in the simulator with the same routers; report per router the error
-    of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
-    same way (Kendall tau)."""
-    from ..profiles import load_profile
-    from ..profiling.fidelity import run_fidelity
-
-    names = [r.strip() for r in routers.split(",") if r.strip()]
-    prof = load_profile(profile_name)
-    if prefix_caching is not None:
-        prof = prof.with_overrides(enable_prefix_caching=prefix_caching)
-    ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
-                             port_base=port_base)
-    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
-                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, predictor=predictor)
-    with ctx as urls:
-        tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed, out_dir=out_dir,
-                                 progress=lambda what: click.echo(f"  {what}", err=True))
-    worst = max(abs(r.mean_e2e_error_pct) for r in rows)
-    report = {"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
-              "routers": [r.as_dict() for r in rows]}
-    if out_dir is not None:
-        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
-    if fmt == "json":
-        click.echo(json.dumps(report, indent=2))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-        t = Table(title=f"fidelity: {prof.name}, {len(reqs)} requests, {repeats} live repeats, rank tau {tau:+.2f}")
-        for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %", "live-live MAPE %",
-                    "live TTFT s", "sim TTFT s", "TTFT err %", "TBT err %", "live/sim p99 E2E s"):
-            t.add_column(col, justify="left" if col == "router" else "right")
-        for r in rows:
-            t.add_row(r.router, f"{r.live['mean_e2e_s']:.3f}", f"{r.sim['mean_e2e_s']:.3f}",
-                      f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{r.e2e_mape_pct:.1f}",
-                      "-" if r.live_repeat_mape_pct is None else f"{r.live_repeat_mape_pct:.1f}",
-                      f"{r.live['mean_ttft_s']:.3f}", f"{r.sim['mean_ttft_s']:.3f}", f"{r.ttft_mean_error_pct:+.1f}",
-                      f"{r.tbt_mean_error_pct:+.1f}", f"{r.live['p99_e2e_s']:.2f} / {r.sim['p99_e2e_s']:.2f}")
-            if r.live_prefix_hit_rate is not None or r.sim_prefix_hit_rate is not None:
-                click.echo(f"{r.router}: prefix-cache hit rate live {r.live_prefix_hit_rate}, "
-                           f"sim {r.sim_prefix_hit_rate}", err=True)
-        Console().print(t)
-    if max_error_pct is not None and worst > max_error_pct:
-        click.echo(f"Error: mean E2E error {worst:.1f} % exceeds --max-error-pct {max_error_pct:g}", err=True)
-        raise SystemExit(1)
-
-
-fidelity = fidelity_cmd

@@ -111,7 +111,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
         engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
-        stream_workers=kw["stream_workers"],
+        stream_workers=kw["stream_workers"], cpus_per_instance=kw["cpus_per_instance"],
     )
 
 
@@ -186,6 +186,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "whose /tokenize to use, to make lengths exact; default: the endpoint's /tokenize, else "
                    "approximate lengths with a warning.")
 @click.option("--vllm-python", default=None, help="Python of the vLLM environment used by --launch.")
+@click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
+              help="With --launch on CPUs: pin each instance to its own N cores and the client to the rest (no "
+                   "two share compute, as GPU instances do not); recorded in run.toml. Default: shared cores.")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True,
               help="Live runs: seconds before a request is recorded as failed.")
 @click.option("--stream-workers", type=click.IntRange(min=0), default=0, show_default=True,

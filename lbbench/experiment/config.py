@@ -84,6 +84,8 @@ class RunConfig:
     """Text prompts: a local tokenizer path or a backend URL whose ``/tokenize`` makes lengths exact."""
     vllm_python: str | None = None
     """Python of the vLLM environment for launched servers."""
+    cpus_per_instance: int | None = None
+    """Launched CPU servers: pin each to its own N cores and the client to the rest (None: cores shared)."""
     request_timeout_s: float = 600.0
     stream_workers: int = 0
     """Live: worker processes that send and read the streams (0: all in the dispatcher's process)."""
@@ -170,6 +172,8 @@ class RunConfig:
             raise ConfigError("launch new servers or attach to running ones, not both", "launch_model")
         if self.stream_workers < 0:
             raise ConfigError(f"{self.stream_workers}: must be >= 0", "stream_workers")
+        if self.cpus_per_instance is not None and not self.launch_model:
+            raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
         if self.api not in APIS:
             raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
         if self.prompt_mode not in PROMPT_MODES:

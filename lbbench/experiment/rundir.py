@@ -181,6 +181,12 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False)
 
+    def note(self, **extra: Any) -> None:
+        """Record ``extra`` in ``run.toml`` now, while the run is still incomplete (e.g. the cores launched
+        servers were given, known before the first record); ``finish`` keeps it."""
+        self.extra = {**getattr(self, "extra", {}), **extra}
+        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, extra=self.extra)
+
     def partial_dir(self, label: str) -> Path:
         """Where a live unit appends its records as they complete."""
         return self.path / PARTIAL_DIR / label
@@ -200,7 +206,7 @@ class RunDir:
         timeline = pl.concat(self.timelines, how="diagonal_relaxed") if self.timelines else None
         write_tables(self.path, df, timeline, summary)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,
-                       extra={"runs_completed": len(self.frames), **(extra or {})})
+                       extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {})})
         return summary
 
 

@@ -262,6 +262,8 @@ class LiveBackend:
     run_dir: RunDir | None
     reporter: Reporter
     launched: list[str] = field(default_factory=list)
+    #: the launched servers' cores and the client's (``Placement.as_dict``), for run.toml
+    placement: dict | None = None
 
     @contextlib.contextmanager
     def fleet(self, variant: Variant) -> Iterator[LiveFleet]:
@@ -277,8 +279,12 @@ class LiveBackend:
         policy = "priority" if variant.instance_scheduler == "priority" else None
         log_dir = self.run_dir.path / "logs" / f"chunked-{tag}" if self.run_dir else None
         with launch(cfg.launch_model, cfg.instances, chunked_prefill=variant.chunked_prefill,
-                    vllm_python=cfg.vllm_python, scheduling_policy=policy, log_dir=log_dir) as eps:
+                    vllm_python=cfg.vllm_python, scheduling_policy=policy, log_dir=log_dir,
+                    cpus_per_instance=cfg.cpus_per_instance) as eps:
             self.launched += list(eps)
+            self.placement = getattr(eps, "placement", None) and eps.placement.as_dict()
+            if self.placement is not None and self.run_dir is not None:
+                self.run_dir.note(placement=self.placement)
             yield LiveFleet(cfg, self.profile, variant, self.run_dir, list(eps), self.reporter)
 
 
@@ -432,6 +438,8 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
         extra["error"] = str(failure)
     if isinstance(backend, LiveBackend) and backend.launched:
         extra["launched_endpoints"] = backend.launched
+        if backend.placement is not None:
+            extra["placement"] = backend.placement
     summary = rd.finish(complete, extra)
     if failure is not None:
         raise failure

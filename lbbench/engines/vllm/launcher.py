@@ -5,8 +5,13 @@ endpoints of running, healthy servers:
 
 - with GPUs (``nvidia-smi`` works): one ``vllm serve`` per visible GPU
   (``CUDA_VISIBLE_DEVICES`` narrows the set), each pinned to its GPU;
-- without GPUs: N instances of the vLLM CPU build, the machine's cores split
-  between them (``VLLM_CPU_OMP_THREADS_BIND``), eager mode.
+- without GPUs: N instances of the vLLM CPU build, eager mode. Without ``cpus_per_instance`` the machine's
+  cores are split between them (``VLLM_CPU_OMP_THREADS_BIND``) and the client runs anywhere, as before; with it,
+  each instance is pinned to its own ``cpus_per_instance`` cores and the client to the rest, so that no two share
+  compute, as GPU instances do not (``placement.py``; a layout the machine cannot hold is refused).
+
+The URLs yielded are an :class:`Endpoints` list whose ``placement`` says which cores each instance and the
+client got (run directories and fidelity reports record it).
 
 The server command is ``vllm serve`` when a ``vllm`` on the PATH runs, else
 ``python -m vllm.entrypoints.openai.api_server`` with the Python of
@@ -35,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .placement import Placement, PlacementError, available_cores, bind_current_process, cores_label, \
+    pin_client, plan_placement, shared_placement
 from .tiny_model import TINY_NAME
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -42,6 +49,20 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 class LaunchError(RuntimeError):
     """A server could not be started (the message says which and why)."""
+
+
+class Endpoints(list):
+    """The launched servers' base URLs, with the cores they (and the client) were given."""
+
+    def __init__(self, urls, placement: Placement | None = None):
+        super().__init__(urls)
+        self.placement = placement
+
+
+def placement_of(endpoints) -> dict | None:
+    """The run.toml form of a launch's placement (None for endpoints that were not launched here)."""
+    placement = getattr(endpoints, "placement", None)
+    return placement.as_dict() if placement is not None else None
 
 
 @dataclass
@@ -257,13 +278,17 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            log_dir: str | Path = "logs", port_base: int = 8100, health_timeout_s: float = 600.0,
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
            scheduling_policy: str | None = None,
-           extra_env: dict[str, str] | None = None, cpu_executor: str | None = None) -> Iterator[list[str]]:
+           extra_env: dict[str, str] | None = None, cpu_executor: str | None = None,
+           cpus_per_instance: int | None = None) -> Iterator[Endpoints]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
     ``cpu_executor`` (CPU instances only): ``mp`` runs the model in a separate worker process, as vLLM's CPU
     build does by default; ``uni`` runs it in the engine-core process; ``auto`` takes ``uni`` when every
     instance has one core (see :func:`cpu_executor_for`). None: ``$LBBENCH_CPU_EXECUTOR``, else ``auto``.
+    ``cpus_per_instance``: pin instance ``i`` to its own block of that many cores and this process (the client)
+    to the cores left; :class:`LaunchError` when instances x N + 1 exceeds the cores this process may use. None:
+    CPU instances share the machine's cores, split between them, and the client is not pinned.
     ``command`` replaces the server command prefix (tests use a stand-in server);
     ``stop_grace_s`` is how long servers get between SIGTERM and SIGKILL.
     """
@@ -276,11 +301,21 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
         raise LaunchError(f"instances {instances}: only {len(gpus)} GPU(s) visible "
                           f"({','.join(gpus)})")
     cpu = not gpus
+    placement = None
+    if cpus_per_instance is not None:
+        try:
+            placement = plan_placement(available_cores(), instances, cpus_per_instance)
+        except PlacementError as exc:
+            raise LaunchError(str(exc)) from None
+        cores = [cores_label(block) for block in placement.instance_cores] if cpu else []
+    else:
+        cores = split_cores(available_cores(), instances) if cpu else []
+        if cpu:
+            placement = shared_placement(cores, available_cores())
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     prefix = list(command) if command is not None else base_command(vllm_python)
     model_path, served_name = resolve_model(model, vllm_python)
-    cores = split_cores(sorted(os.sched_getaffinity(0)), instances) if cpu else []
     choice = cpu_executor or os.environ.get("LBBENCH_CPU_EXECUTOR") or "auto"
     executor = cpu_executor_for(cores, choice) if cpu else None
     if executor == "uni" and not any(a.startswith("--distributed-executor-backend") for a in extra_args):
@@ -317,14 +352,18 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
                 with open(log_path, "ab") as log:
                     log.write(f"$ {' '.join(cmd)}\n".encode())
                     log.flush()
+                    pin = placement.instance_cores[i] if placement is not None and placement.pinned else None
                     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, start_new_session=True)
+                                            env=env, start_new_session=True,
+                                            preexec_fn=(lambda c=pin: bind_current_process(c)) if pin else None)
                 servers.append(Server(i, f"http://127.0.0.1:{port}", proc, log_path, cmd, env))
             _wait_healthy(servers, health_timeout_s)
             if cpu:
                 for s in servers:
                     deprioritize_workers(s.process.pid)
-            yield [s.url for s in servers]
+            client = placement.client_cores if placement is not None and placement.pinned else None
+            with pin_client(client):
+                yield Endpoints([s.url for s in servers], placement)
         finally:
             stop_servers(servers, stop_grace_s)
 

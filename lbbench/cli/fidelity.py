@@ -1,0 +1,257 @@
+"""``lbbench fidelity``: the same requests, the same routers, live and in the simulator, compared.
+
+Two questions, one command:
+
+- **Transfer** (``--calibrate-on SPEC --check-on SPEC [--check-on SPEC ...]``): calibrate the profile on one
+  workload's live replays and report the simulator's errors on the others, which it was not fitted on; every row
+  says which workload it came from (``lbbench.profiling.transfer``). A SPEC is ``trace:FILE[?K=V&...]`` or
+  ``workload:NAME[?K=V&...]`` (``lbbench.profiling.workload_spec``).
+- **Same workload** (``--workload`` / ``--trace``, no ``--calibrate-on``): the profile as given against live
+  replays of one workload (``lbbench.profiling.fidelity``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from .profile import _backend_and_workload_options, _launch_as_profile, _load_options, _requests_for
+
+
+def _placement(urls) -> dict | None:
+    from ..engines.vllm.launcher import placement_of
+    return placement_of(urls)
+
+
+@click.command("fidelity")
+@click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
+@_backend_and_workload_options
+@click.option("--calibrate-on", "calibrate_on", default=None,
+              help="Transfer: calibrate the profile on this workload's live replays first: trace:FILE[?K=V&...] or "
+                   "workload:NAME[?K=V&...] (keys: requests, rate, seed; a trace's max_prompt_tokens, "
+                   "prompt_overflow, time_scale, window, trace_format, mapping; a workload's prompt_tokens, "
+                   "output_tokens, burstiness). Needs --check-on.")
+@click.option("--check-on", "check_on", multiple=True,
+              help="Transfer: a workload to check the calibrated profile on (same syntax); repeat for several.")
+@click.option("--calibration-router", default="round_robin", show_default=True,
+              help="With --calibrate-on: the router of the calibration replays.")
+@click.option("--calibration-seed", type=int, default=1, show_default=True,
+              help="With --calibrate-on: seed of the calibration requests (a spec's seed= wins).")
+@click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
+              help="Comma-separated routers to compare.")
+@_load_options
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Live replays per router, interleaved by router (and by workload with --calibrate-on).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the evaluated requests (calibrate a profile on another).")
+@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@click.option("--prefix-caching/--no-prefix-caching", default=None,
+              help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "
+                   "are compared too.")
+@click.option("--max-error-pct", type=click.FloatRange(min=0), default=None,
+              help="Exit 1 when any router's mean E2E error (on a check workload) exceeds this (a regression gate).")
+@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write every simulated and live record (records.parquet), the report (fidelity.json) and, with "
+                   "--calibrate-on and a .toml profile, the calibrated profile (calibrated.toml) here.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/fidelity-logs", show_default=True)
+@click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.pass_context
+def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...], launch_model: str | None,
+                 instances: int, cpus_per_instance: int | None, workload: str, trace: str | None,
+                 max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, calibrate_on: str | None,
+                 check_on: tuple[str, ...], calibration_router: str, calibration_seed: int, routers: str,
+                 requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
+                 max_error_pct: float | None, vllm_python: str | None, out_dir: str | None, log_dir: str,
+                 port_base: int, fmt: str) -> None:
+    """Replay the same requests live and in the simulator with the same routers; report per router the error
+    of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
+    same way (Kendall tau). With --calibrate-on/--check-on: calibrate on one workload, report the errors on
+    others (transfer)."""
+    from ..profiles import load_profile
+
+    names = [r.strip() for r in routers.split(",") if r.strip()]
+    prof = load_profile(profile_name)
+    if prefix_caching is not None:
+        prof = prof.with_overrides(enable_prefix_caching=prefix_caching)
+    if calibrate_on is None and check_on:
+        raise click.UsageError("--check-on needs --calibrate-on (the workload to calibrate on)")
+    if calibrate_on is not None:
+        _transfer(ctx, prof, profile_name, names, calibrate_on, check_on, endpoint=endpoint,
+                  launch_model=launch_model, instances=instances, cpus_per_instance=cpus_per_instance,
+                  defaults={"requests": requests, "rate_per_s": rate, "prompt_tokens": prompt_tokens,
+                            "output_tokens": output_tokens},
+                  calibration_router=calibration_router, calibration_seed=calibration_seed, repeats=repeats,
+                  seed=seed, predictor=predictor, max_error_pct=max_error_pct, vllm_python=vllm_python,
+                  out_dir=out_dir, log_dir=log_dir, port_base=port_base, fmt=fmt)
+        return
+    from ..profiling.fidelity import run_fidelity
+
+    ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
+                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance)
+    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, predictor=predictor)
+    with ctx_launch as urls:
+        tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed, out_dir=out_dir,
+                                 progress=lambda what: click.echo(f"  {what}", err=True))
+        placement = _placement(urls)
+    worst = max(abs(r.mean_e2e_error_pct) for r in rows)
+    report = {"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
+              "placement": placement, "routers": [r.as_dict() for r in rows]}
+    if out_dir is not None:
+        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title=f"fidelity: {prof.name}, {len(reqs)} requests, {repeats} live repeats, rank tau {tau:+.2f}")
+        for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %", "live-live MAPE %",
+                    "live TTFT s", "sim TTFT s", "TTFT err %", "TBT err %", "live/sim p99 E2E s"):
+            t.add_column(col, justify="left" if col == "router" else "right")
+        for r in rows:
+            t.add_row(r.router, f"{r.live['mean_e2e_s']:.3f}", f"{r.sim['mean_e2e_s']:.3f}",
+                      f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{r.e2e_mape_pct:.1f}",
+                      "-" if r.live_repeat_mape_pct is None else f"{r.live_repeat_mape_pct:.1f}",
+                      f"{r.live['mean_ttft_s']:.3f}", f"{r.sim['mean_ttft_s']:.3f}", f"{r.ttft_mean_error_pct:+.1f}",
+                      f"{r.tbt_mean_error_pct:+.1f}", f"{r.live['p99_e2e_s']:.2f} / {r.sim['p99_e2e_s']:.2f}")
+            if r.live_prefix_hit_rate is not None or r.sim_prefix_hit_rate is not None:
+                click.echo(f"{r.router}: prefix-cache hit rate live {r.live_prefix_hit_rate}, "
+                           f"sim {r.sim_prefix_hit_rate}", err=True)
+        Console().print(t)
+    if max_error_pct is not None and worst > max_error_pct:
+        click.echo(f"Error: mean E2E error {worst:.1f} % exceeds --max-error-pct {max_error_pct:g}", err=True)
+        raise SystemExit(1)
+
+
+def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], calibrate_on: str,
+              check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, defaults: dict,
+              calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str,
+              max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int, fmt: str) -> None:
+    from click.core import ParameterSource
+
+    from ..errors import InputError
+    from ..profiling.transfer import run_transfer
+    from ..profiling.workload_spec import parse_workload_spec
+
+    for flag, param in (("--trace", "trace"), ("--workload", "workload"), ("--max-prompt-tokens", "max_prompt_tokens")):
+        if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"{flag} does not go with --calibrate-on: name each workload in --calibrate-on "
+                                   "and --check-on (trace:FILE?max_prompt_tokens=N, workload:NAME?...)")
+    if not check_on:
+        raise click.UsageError("--calibrate-on needs at least one --check-on (the workload to check on)")
+    cal_spec = parse_workload_spec(calibrate_on, "calibrate_on")
+    check_specs = [parse_workload_spec(text, "check_on") for text in check_on]
+    labels = [s.label for s in check_specs]
+    if cal_spec.label in labels or len(set(labels)) != len(labels):
+        raise InputError("each workload must differ from the others and from --calibrate-on's "
+                         "(add seed=N to check on other requests of the same workload)", "check_on")
+
+    def requests_of(spec, default_seed: int, field: str):
+        f = spec.run_config_fields({**defaults, "seed": default_seed})
+        try:
+            return _requests_for(prof, profile_name, workload=f.get("workload", "poisson"), trace=f.get("trace"),
+                                 max_prompt_tokens=None, rate=f["rate_per_s"], requests=f["requests"],
+                                 seed=f["seed"], prompt_tokens=f["prompt_tokens"], output_tokens=f["output_tokens"],
+                                 predictor=predictor, trace_options=f.get("trace_options") or {},
+                                 burstiness=f.get("burstiness", 1.0))
+        except ValueError as exc:  # the workload's own errors, said as the spec's
+            from .flags import user_message
+            raise InputError(f"{spec.text!r}: {user_message(exc)}", field) from None
+
+    cal_reqs = requests_of(cal_spec, calibration_seed, "calibrate_on")
+    checks = [(s.label, requests_of(s, seed, "check_on")) for s in check_specs]
+    ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
+                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance)
+    import time
+    t0 = time.perf_counter()
+    with ctx_launch as urls:
+        t_live = time.perf_counter()
+        res = run_transfer(prof, (cal_spec.label, cal_reqs), checks, routers, urls, repeats=repeats, seed=seed,
+                           calibration_seed=calibration_seed, calibration_router=calibration_router,
+                           out_dir=out_dir, progress=lambda what: click.echo(f"  {what}", err=True))
+        placement = _placement(urls)
+    from ..profiling.residuals import residual_tables
+    tables = residual_tables(res.records)
+    report = {"profile": prof.name, "repeats": repeats, "placement": placement, **res.as_dict(),
+              "residuals": {k: v.to_dicts() for k, v in tables.items()},
+              "wall_s": {"total": round(time.perf_counter() - t0, 1),
+                         "replays_and_fit": round(time.perf_counter() - t_live, 1)}}
+    if out_dir is not None:
+        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
+        if Path(profile_name).suffix == ".toml" and Path(profile_name).is_file():
+            import tomllib
+
+            import tomli_w
+
+            from ..profiling.calibrate import calibrated_toml
+            doc = calibrated_toml(tomllib.loads(Path(profile_name).read_text()), res.calibration,
+                                  what=f"{len(cal_reqs)} requests of {cal_spec.label} (seed {calibration_seed}), "
+                                       f"router {calibration_router}, {len(urls)} instance(s), {repeats} replay(s)")
+            doc["name"] = f"{prof.name}-calibrated"
+            (Path(out_dir) / "calibrated.toml").write_text(tomli_w.dumps(doc))
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_transfer(prof, res, tables, repeats, placement)
+    if max_error_pct is not None and res.worst_mean_e2e_error_pct() > max_error_pct:
+        click.echo(f"Error: mean E2E error {res.worst_mean_e2e_error_pct():.1f} % on a check workload exceeds "
+                   f"--max-error-pct {max_error_pct:g}", err=True)
+        raise SystemExit(1)
+
+
+TRANSFER_COLUMNS = ("workload", "router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "p50 E2E err %",
+                    "p99 E2E err %", "TTFT err %", "TBT err %", "uncalibrated E2E err %")
+
+
+def transfer_rows(res) -> list[tuple[str, ...]]:
+    """The transfer table's rows: the calibration workload's own fit first, then each check workload."""
+    def row(label: str, r, uncal: float | None) -> tuple[str, ...]:
+        d = r.as_dict()
+        return (label, r.router, f"{r.live['mean_e2e_s']:.3f}", f"{r.sim['mean_e2e_s']:.3f}",
+                f"{r.mean_e2e_error_pct:+.1f}", f"{r.live_spread_pct:.1f}", f"{d['p50_e2e_error_pct']:+.1f}",
+                f"{d['p99_e2e_error_pct']:+.1f}", f"{r.ttft_mean_error_pct:+.1f}", f"{r.tbt_mean_error_pct:+.1f}",
+                "-" if uncal is None else f"{uncal:+.1f}")
+    out = [row(f"calibrated on: {res.calibrated_on} (fitted)", res.calibration_fit, None)]
+    for c in res.checks:
+        out += [row(f"checked on: {c.workload}", r, c.uncalibrated_mean_e2e_error_pct.get(r.router))
+                for r in c.routers]
+    return out
+
+
+def _print_transfer(prof, res, tables, repeats: int, placement: dict | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    cal = res.calibration
+    where = ""
+    if placement:
+        where = (f"; instances on cores {', '.join(placement['instance_cores'])}, client on "
+                 f"{placement['client_cores'] if placement['pinned'] else 'shared cores'}")
+    t = Table(title=f"fidelity transfer: {prof.name} calibrated x{cal.decode_scale:.3f} decode / "
+                    f"x{cal.prefill_scale:.3f} prefill, {repeats} live repeats{where}")
+    for col in TRANSFER_COLUMNS:
+        t.add_column(col, justify="left" if col in ("workload", "router") else "right")
+    for row in transfer_rows(res):
+        t.add_row(*row)
+    console = Console()
+    console.print(t)
+    for by, df in tables.items():
+        if df.is_empty():
+            continue
+        rt = Table(title=f"residuals by {by.replace('_', ' ')} (calibrated profile; error of the bin's mean)")
+        for col in ("workload", "router", by, "requests", "live E2E s", "sim E2E s", "E2E err %", "live TTFT s",
+                    "sim TTFT s", "TTFT err %"):
+            rt.add_column(col, justify="left" if col in ("workload", "router") else "right")
+        for r in df.iter_rows(named=True):
+            rt.add_row(r["workload"], r["router"], str(r[by]), str(r["requests"]), f"{r['live_e2e_s']:.3f}",
+                       f"{r['sim_e2e_s']:.3f}", f"{r['e2e_error_pct']:+.1f}", f"{r['live_ttft_s']:.3f}",
+                       f"{r['sim_ttft_s']:.3f}", f"{r['ttft_error_pct']:+.1f}")
+        console.print(rt)
+
+
+fidelity = fidelity_cmd
