@@ -105,3 +105,20 @@ def test_price_file_aliases_resolve_to_gpu_names(tmp_path):
     p = tmp_path / "prices.toml"
     p.write_text("[gpu_usd_per_hour]\na100 = 1.5\nh100-sxm = 3\n")
     assert load_prices(p) == {"a100-80gb": 1.5, "h100": 3.0}
+
+
+def test_an_interrupted_plan_keeps_the_searches_that_finished():
+    from lbbench.planning import PlanConfig, plan_capacity
+
+    run = RunConfig(workload="paper-mix", rate_per_s=20, requests=200, routers=["jsq"])
+    cfg = PlanConfig(run=run, model="llama-3.1-8b", gpus=["h100", "a100-80gb", "l4"], slo=Slo(ttft_s=2, tbt_s=0.1),
+                     attainment=0.9)
+    seen = []
+
+    def stop_after_two(outcome):
+        seen.append(outcome.key["gpu"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    plan = plan_capacity(cfg, on_outcome=stop_after_two)
+    assert plan.complete is False and [r["gpu"] for r in plan.rows] == ["h100", "a100-80gb"]

@@ -107,3 +107,25 @@ def test_a_gpu_missing_from_the_price_file_is_one_line(tmp_path):
     res = _invoke([*BASE, "--gpu", "a100-80gb", "--price-file", str(prices)])
     assert res.exit_code == 2 and res.stderr.strip().count("\n") == 0
     assert res.stderr.startswith("Error: --price-file") and "no price for a100-80gb" in res.stderr
+
+
+def test_a_trace_rescaled_to_the_rate(tmp_path):
+    trace = tmp_path / "t.csv"
+    rows = "\n".join(f"{0.1 * i:.1f},{200 + 37 * (i % 11)},{20 + 13 * (i % 7)}" for i in range(200))
+    trace.write_text("t,p,o\n" + rows + "\n")
+    res = _invoke(["plan", "--trace", str(trace), "--mapping", "arrival=t,prompt=p,output=o", "--rate", "30",
+                   "--slo", "ttft=1,tbt=0.2", "--attainment", "0.9", "--model", "llama-3.1-8b", "--gpu", "l4",
+                   "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["config"]["trace"] == str(trace) and doc["config"]["rate_per_s"] == 30
+    (row,) = doc["rows"]
+    assert row["completed"] == 200 and row["attainment"] >= 0.9
+
+
+def test_jobs_and_serial_give_the_same_rows(priced):
+    doc, _ = priced
+    res = _invoke([*BASE, "--gpu", "a100-80gb,l4", "--jobs", "2", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [{k: v for k, v in r.items() if not k.startswith("usd")} for r in doc["rows"]] == rows

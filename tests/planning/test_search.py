@@ -18,8 +18,8 @@ def _recorder(f):
     return evaluate, calls
 
 
-@settings(max_examples=300, deadline=None)
-@given(max_n=st.integers(1, 200), data=st.data(), target=st.floats(0.01, 1.0))
+@settings(max_examples=150, deadline=None)
+@given(max_n=st.integers(1, 100), data=st.data(), target=st.floats(0.01, 1.0))
 def test_monotone_attainment_gives_the_minimal_count(max_n, data, target):
     # a non-decreasing attainment curve over 1..max_n that reaches the target somewhere
     steps = data.draw(st.lists(st.floats(0.0, 1.0), min_size=max_n, max_size=max_n))
