@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lbbench.profiling.derive import Efficiency, EngineSettings, derive_profile  # noqa: E402
+from lbbench.profiling.derive import EngineSettings, derive_profile  # noqa: E402
 from lbbench.profiling.gpus import GPUS, get_gpu  # noqa: E402
 from lbbench.profiling.models import MODELS_DIR, ModelConfig, load_model_config  # noqa: E402
 
@@ -120,7 +120,7 @@ def profile_model(name: str, cfg_dict: dict, mc: ModelConfig, gpu_name: str | No
     model, config = build_model(cfg_dict, device, dtype)
     pred = None
     if gpu_name is not None:
-        pred = derive_profile(mc, get_gpu(gpu_name), dtype=dtype_name, eff=Efficiency(),
+        pred = derive_profile(mc, get_gpu(gpu_name), dtype=dtype_name,
                               engine=EngineSettings(max_num_seqs=max(batches), chunked_prefill=True,
                                                     max_model_len=min(8192, mc.max_position_embeddings)))["step"]
     rows = []

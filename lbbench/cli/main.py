@@ -35,6 +35,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                       ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.engines.vllm.launcher", "LaunchError"),
                       ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
                       ("lbbench.profiling.models", "ModelConfigError"),
+                      ("lbbench.profiling.vidur", "MeasurementError"),
                       ("lbbench.profiling.measure", "MeasureError"),
                       ("lbbench.profiling.calibrate", "CalibrationError"),
                       ("lbbench.harness.text_prompts", "TextPromptError")):

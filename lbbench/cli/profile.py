@@ -113,10 +113,16 @@ def profile() -> None:
 @click.option("--chunked-prefill/--no-chunked-prefill", default=True, show_default=True)
 @click.option("--scheduler", type=click.Choice(["v1", "v0"]), default="v1", show_default=True,
               help="Engine semantics the simulator applies.")
-@click.option("--prefill-mfu", type=click.FloatRange(0.01, 0.8), default=0.5, show_default=True,
-              help="Share of peak dense FLOP/s prefill reaches (assumption unless measured).")
-@click.option("--weight-bw-util", type=click.FloatRange(0.05, 0.9), default=0.8, show_default=True)
-@click.option("--kv-bw-util", type=click.FloatRange(0.05, 0.9), default=0.5, show_default=True)
+@click.option("--prefill-mfu", type=click.FloatRange(0.01, 0.8), default=None,
+              help="Share of peak dense FLOP/s prefill reaches. Default: fitted to measured GPU timings "
+                   "(`lbbench profile efficiency`).")
+@click.option("--weight-bw-util", type=click.FloatRange(0.05, 0.9), default=None,
+              help="Share of peak bandwidth reached streaming weights. Default: fitted, as --prefill-mfu.")
+@click.option("--roofline-sharpness", type=click.FloatRange(1.0, None), default=None,
+              help="How abruptly memory-bound hands over to compute-bound (a large value: a hard max). "
+                   "Default: fitted, as --prefill-mfu.")
+@click.option("--kv-bw-util", type=click.FloatRange(0.05, 0.9), default=0.5, show_default=True,
+              help="Share of peak bandwidth reached reading KV blocks (an assumption: attention is not measured).")
 @click.option("--step-overhead-s", type=click.FloatRange(0.0, 1.0), default=0.0015, show_default=True,
               help="Fixed per-step cost outside GPU kernels (scheduler, sampler, launches).")
 @click.option("--grad1", type=float, default=None, help="Mixing estimator grad1 (default: the prefill cost).")
@@ -130,20 +136,27 @@ def profile() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utilization: float, max_num_seqs: int,
                max_num_batched_tokens: int | None, max_model_len: int | None, chunked_prefill: bool,
-               scheduler: str, prefill_mfu: float, weight_bw_util: float, kv_bw_util: float,
+               scheduler: str, prefill_mfu: float | None, weight_bw_util: float | None,
+               roofline_sharpness: float | None, kv_bw_util: float,
                step_overhead_s: float, grad1: float | None, grad2: float | None, min_step_s: float | None,
                name: str | None, calibration: str | None, out: str, fmt: str) -> None:
     """Derive a profile from a model config and a GPU: parameter count, KV bytes per token, KV blocks as vLLM's
-    memory profiler sizes them, and step-time coefficients from a roofline with stated efficiency factors."""
-    from ..profiling.derive import Efficiency, EngineSettings, derive_profile
+    memory profiler sizes them, and step-time coefficients from a roofline whose efficiency factors are fitted
+    to measured GPU timings (cited in the profile's [source] and printed) unless given."""
+    import dataclasses
+
+    from ..profiling.derive import EngineSettings, derive_profile, fitted_efficiency
     from ..profiling.gpus import get_gpu
     from ..profiling.models import load_model_config
 
     model = load_model_config(model_name)
+    g = get_gpu(gpu)
+    fitted = fitted_efficiency(model, g, tp)
+    given = {"prefill_mfu": prefill_mfu, "weight_bw_util": weight_bw_util, "roofline_sharpness": roofline_sharpness,
+             "kv_bw_util": kv_bw_util, "step_overhead_s": step_overhead_s}
+    eff = dataclasses.replace(fitted.eff, **{k: v for k, v in given.items() if v is not None})
     prof = derive_profile(
-        model, get_gpu(gpu), dtype=dtype, tp=tp, name=name,
-        eff=Efficiency(prefill_mfu=prefill_mfu, weight_bw_util=weight_bw_util, kv_bw_util=kv_bw_util,
-                       step_overhead_s=step_overhead_s),
+        model, g, dtype=dtype, tp=tp, name=name, eff=eff, fitted=fitted,
         engine=EngineSettings(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               max_model_len=max_model_len, chunked_prefill=chunked_prefill,
                               scheduler=scheduler, gpu_memory_utilization=gpu_memory_utilization))
@@ -166,7 +179,61 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
                f"{s['decode_seq_s'] * 1e6:.2f} us/decode seq + {s['context_token_s'] * 1e9:.1f} ns/context token")
     click.echo(f"  KV: {kv['num_kv_blocks']} blocks of {kv['block_size']} "
                f"({kv['num_kv_blocks'] * kv['block_size']} tokens)")
+    ph = prof["physics"]
+    fit_keys = [k for k in ("prefill_mfu", "weight_bw_util", "roofline_sharpness") if given[k] is None]
+    click.echo(f"  efficiency: prefill MFU {ph['prefill_mfu']:g}, weight-read bandwidth {ph['weight_bw_util']:g}, "
+               f"sharpness {ph['roofline_sharpness']:g} ({'fitted: ' + ', '.join(fit_keys) if fit_keys else 'given'}"
+               f"); KV-read {ph['kv_bw_util']:g}, step overhead {ph['step_overhead_s'] * 1e3:g} ms (assumptions)")
+    if fit_keys:
+        click.echo(f"  measured data: {fitted.row.gpu} TP {fitted.row.tp}, {fitted.citation()}")
+    if "efficiency_transfer" in prof["source"]:
+        click.echo(f"  no factors fitted on {g.name}: the {fitted.row.gpu} ones are applied to its datasheet peak "
+                   "and bandwidth")
     click.echo(f"wrote {path}")
+
+
+@profile.command("efficiency")
+@click.option("--vidur", "vidur_dir", default=None, type=click.Path(file_okay=False, exists=True),
+              help="Refit from a checkout of github.com/microsoft/vidur (its data/profiling/compute/*/mlp.csv); "
+                   "without it, show the shipped fit.")
+@click.option("--commit", default=None, help="With --vidur: the checkout's commit, recorded in the table.")
+@click.option("--out", default=None, type=click.Path(dir_okay=False),
+              help="With --vidur: where to write the table (the shipped one is lbbench/profiling/efficiency.toml).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def efficiency_cmd(vidur_dir: str | None, commit: str | None, out: str | None, fmt: str) -> None:
+    """The roofline efficiency factors derive uses, fitted to measured GPU timings: per tensor parallelism and
+    model size, with the fit error on the A100 files and the held-out H100 check."""
+    from ..profiling.efficiency import TABLE_PATH
+
+    if vidur_dir is not None:
+        from ..profiling.efficiency_build import build_table
+
+        if not commit or not out:
+            raise click.UsageError("--vidur needs --commit SHA (the checkout's) and --out FILE")
+        doc = build_table(vidur_dir, commit)
+        Path(out).write_text(tomli_w.dumps(doc))
+    else:
+        import tomllib
+
+        doc = tomllib.loads(TABLE_PATH.read_text())
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    src = doc["source"]
+    click.echo(f"measured: {src['repository']} commit {src['commit'][:12]} ({src['licence']}), {src['files']}")
+    click.echo(f"{'gpu':10} {'tp':>2} {'models':28} {'MFU':>6} {'BW':>6} {'p':>5}  fit: mean / worst |error|")
+    for r in doc["fit"]:
+        errs = r["errors"]
+        click.echo(f"{r['gpu']:10} {r['tp']:>2} {', '.join(r['models']):28} {r['prefill_mfu']:>6.3f} "
+                   f"{r['weight_bw_util']:>6.3f} {r['sharpness']:>5.2f}  "
+                   + "; ".join(f"{e['file'].split('/')[-2]} {e['mean_abs_pct']:.1f} / {e['max_abs_pct']:.1f} %"
+                               for e in errs))
+    for v in doc.get("validation", []):
+        click.echo(f"held out {v['gpu']} TP {v['tp']} {v['file'].split('/')[-2]} (factors of {v['fitted_on']}): "
+                   f"mean {v['mean_abs_pct']:.1f} %, worst {v['max_abs_pct']:.1f} % at {v['max_at_tokens']} tokens, "
+                   f"prefill marginal {(v['marginal_pred_s'] / v['marginal_s'] - 1) * 100:+.1f} %")
+    if out:
+        click.echo(f"wrote {out}")
 
 
 @profile.command("measure")

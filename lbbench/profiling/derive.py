@@ -4,9 +4,15 @@ Step-time coefficients come from a roofline with stated efficiency factors:
 
 - ``prefill_token_s`` = prefill FLOPs per token / (``prefill_mfu`` x peak dense FLOP/s x TP);
 - ``base_s`` = ``step_overhead_s`` + weight bytes streamed per step / (``weight_bw_util`` x bandwidth x TP);
-- ``decode_seq_s``: least-squares slope, over batch sizes 1..``max_num_seqs``, of the compute time by which a
-  decode step's roofline ``max(weight read, B x FLOPs per sequence / (MFU x peak))`` exceeds the weight read;
+- ``decode_seq_s``: least-squares slope, over batch sizes 1..``max_num_seqs``, of the time by which a decode
+  step's roofline, the soft maximum of the weight read and ``B x FLOPs per sequence / (MFU x peak)`` with
+  sharpness ``roofline_sharpness``, exceeds the weight read;
 - ``context_token_s`` = KV bytes per token / (``kv_bw_util`` x bandwidth x TP).
+
+By default ``prefill_mfu``, ``weight_bw_util`` and ``roofline_sharpness`` are the ones fitted to measured GPU
+timings of transformer blocks' linear operations (:mod:`lbbench.profiling.efficiency`: Vidur's A100 files, per
+tensor parallelism and model size; held out on its H100 files); the KV-read utilization and the step overhead
+stay stated assumptions, since the files measure neither attention nor the engine.
 
 KV blocks follow vLLM's memory profiler: ``memory x gpu_memory_utilization`` less the weights and the
 activation peak of a profiling forward pass over ``max_num_batched_tokens`` tokens (plus the sampler's logits
@@ -16,10 +22,12 @@ KV heads across GPUs; all-reduce time is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .efficiency import EfficiencyRow, load_table, select_row, soft_max
 from .gpus import GPU
 from .models import DTYPE_BYTES, ModelConfig
 
@@ -45,6 +53,8 @@ class Efficiency:
     kv_bw_util: float = 0.5
     #: fixed per-step cost outside the GPU kernels' work (scheduler, sampler, launches), seconds
     step_overhead_s: float = 0.0015
+    #: how abruptly the memory-bound regime hands over to the compute-bound one (inf: a hard max)
+    roofline_sharpness: float = math.inf
 
     def check(self) -> None:
         if not 0 < self.prefill_mfu <= 0.8:
@@ -53,6 +63,40 @@ class Efficiency:
             raise DeriveError("bandwidth utilizations must be in (0, 0.9]")
         if self.step_overhead_s < 0:
             raise DeriveError("step overhead must be >= 0")
+        if not self.roofline_sharpness >= 1:
+            raise DeriveError(f"roofline sharpness {self.roofline_sharpness} must be >= 1")
+
+
+@dataclass(frozen=True)
+class FittedEfficiency:
+    """The efficiency factors fitted to measurements for one model x GPU x TP, and where they come from."""
+
+    eff: Efficiency
+    row: EfficiencyRow
+    source: dict = field(default_factory=dict)
+
+    def citation(self) -> str:
+        src = self.source
+        return (f"{src['repository']} (commit {src['commit'][:12]}, {src['licence']} licence), "
+                f"{', '.join(self.row.files)}")
+
+
+def fitted_efficiency(model: ModelConfig, gpu: GPU, tp: int = 1) -> FittedEfficiency:
+    """Prefill MFU, weight-read bandwidth utilization and roofline sharpness fitted to measured block timings
+    (the row of ``efficiency.toml`` for this TP nearest in per-GPU block weight size); the KV-read
+    utilization and step overhead keep :class:`Efficiency`'s stated defaults."""
+    table = load_table()
+    row = select_row(table, gpu.name, tp, model.params_per_layer * 2 / tp)
+    eff = Efficiency(prefill_mfu=row.prefill_mfu, weight_bw_util=row.weight_bw_util,
+                     roofline_sharpness=row.sharpness)
+    src = dict(table.source)
+    held = [v for v in table.validation if v["tp"] == row.tp and v.get("group") == row.group]
+    if held:
+        src["held_out"] = "; ".join(
+            f"{v['gpu']} {v['file'].split('/')[-2]} TP {v['tp']}: mean |error| {v['mean_abs_pct']:g} %, worst "
+            f"{v['max_abs_pct']:g} % (at {v['max_at_tokens']} tokens), prefill marginal "
+            f"{(v['marginal_pred_s'] / v['marginal_s'] - 1) * 100:+.1f} %" for v in held)
+    return FittedEfficiency(eff=eff, row=row, source=src)
 
 
 @dataclass(frozen=True)
@@ -78,9 +122,15 @@ def activation_peak_bytes(model: ModelConfig, dtype: str, tp: int, num_tokens: i
 
 
 def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int = 1,
-                   eff: Efficiency = Efficiency(), engine: EngineSettings = EngineSettings(),
-                   name: str | None = None) -> dict:
-    """The profile as a TOML-ready dict, every number with its ``[source]`` line."""
+                   eff: Efficiency | None = None, engine: EngineSettings = EngineSettings(),
+                   name: str | None = None, fitted: FittedEfficiency | None = None) -> dict:
+    """The profile as a TOML-ready dict, every number with its ``[source]`` line.
+
+    ``eff`` None: the factors fitted to measurements (:func:`fitted_efficiency`). ``fitted``: the fit to cite
+    beside an ``eff`` that overrides some of its factors (those equal to the fit's are cited as fitted)."""
+    if eff is None:
+        fitted = fitted or fitted_efficiency(model, gpu, tp)
+        eff = fitted.eff
     eff.check()
     if dtype not in DTYPE_BYTES:
         raise DeriveError(f"dtype {dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
@@ -108,7 +158,7 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
     base_s = eff.step_overhead_s + mem_s
     per_seq_compute_s = model.decode_flops_per_seq / tp / (eff.prefill_mfu * peak)
     batch = np.arange(1, engine.max_num_seqs + 1, dtype=np.float64)
-    excess = np.maximum(mem_s, batch * per_seq_compute_s) - mem_s
+    excess = soft_max(mem_s, batch * per_seq_compute_s, eff.roofline_sharpness) - mem_s
     decode_seq_s = float(batch @ excess / (batch @ batch))
     kv_token_bytes = model.kv_bytes_per_token(dtype) * max(1, model.num_kv_heads // tp) / model.num_kv_heads
     context_token_s = kv_token_bytes / (eff.kv_bw_util * bw)
@@ -128,8 +178,13 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
                           "cache holds (vLLM refuses to start); lower the max_model_len")
 
     pname = name or f"{model.name}-{gpu.name}" + (f"-tp{tp}" if tp > 1 else "")
+    fitted_keys = ({k for k in ("prefill_mfu", "weight_bw_util", "roofline_sharpness")
+                    if getattr(eff, k) == getattr(fitted.eff, k)} if fitted else set())
     eff_note = (f"roofline with prefill MFU {eff.prefill_mfu:g}, weight-read bandwidth utilization "
-                f"{eff.weight_bw_util:g}, KV-read utilization {eff.kv_bw_util:g} (stated assumptions)")
+                f"{eff.weight_bw_util:g}, sharpness {eff.roofline_sharpness:g}, KV-read utilization "
+                f"{eff.kv_bw_util:g}")
+    eff_note += (f" ({', '.join(sorted(fitted_keys))} fitted to measured block timings; the rest stated "
+                 "assumptions)" if fitted_keys else " (stated assumptions)")
     g = f"{gpu.name}: {gpu.peak(dtype) / 1e12:g} TFLOP/s dense {dtype}, {bw / 1e9:g} GB/s"
     return {
         "name": pname,
@@ -148,7 +203,8 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
                    "epsilon": 0.05, "alpha": 0.5, "min_step_s": round(base_s + decode_seq_s, 7)},
         "physics": {"model_config": model.name, "gpu": gpu.name, "dtype": dtype, "tp": tp,
                     "prefill_mfu": eff.prefill_mfu, "weight_bw_util": eff.weight_bw_util,
-                    "kv_bw_util": eff.kv_bw_util, "step_overhead_s": eff.step_overhead_s},
+                    "kv_bw_util": eff.kv_bw_util, "step_overhead_s": eff.step_overhead_s,
+                    "roofline_sharpness": eff.roofline_sharpness},
         "source": {
             "method": f"lbbench profile derive: {eff_note}; {g}",
             "base_s": f"step overhead {eff.step_overhead_s * 1e3:g} ms (scheduler, sampler, launches; assumption) + "
@@ -173,5 +229,22 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
             "mixing": "grad1 and grad2 set to this profile's prefill and decode costs; alpha 0.5 as the paper; "
                       "epsilon 50 ms (not given in the paper)",
             "gpu": "; ".join(f"{k}: {v}" for k, v in gpu.sources.items()),
+            **(_fit_sources(fitted, fitted_keys, gpu, dtype) if fitted_keys else {}),
         },
     }
+
+
+def _fit_sources(fitted: FittedEfficiency, keys: set[str], gpu: GPU, dtype: str) -> dict:
+    src, row = fitted.source, fitted.row
+    out = {
+        "efficiency": f"{', '.join(sorted(keys))} {row.describe()}; measured data: {fitted.citation()}; "
+                      f"{src['method']}",
+        "efficiency_assumptions": f"{src['not_measured']}; the factors were measured in fp16 and are applied to "
+                                  f"{dtype}; {src['device_assumption']}",
+    }
+    if gpu.name != row.gpu:
+        out["efficiency_transfer"] = (f"no factors are fitted on {gpu.name}: the {row.gpu} ones are applied to "
+                                      f"{gpu.name}'s datasheet peak and bandwidth (assumption)" +
+                                      (f"; held-out check of that transfer: {src['held_out']}"
+                                       if src.get("held_out") else ""))
+    return out
