@@ -93,16 +93,16 @@ def run_sim_units(cfg: RunConfig, profile: Profile, run_id: str, executor: Any, 
     results = executor.submit(works, sim_unit)
     try:
         for i, out in results:
-            for note in out.notes:
-                if note not in noted:
-                    noted.add(note)
-                    reporter.note(note)
-            reporter.unit_finished(works[i].label)
             held[i] = out
             while next_index in held:
                 done = held.pop(next_index)
                 run_dir.add(done.records, done.timeline)
                 next_index += 1
+            for note in out.notes:
+                if note not in noted:
+                    noted.add(note)
+                    reporter.note(note)
+            reporter.unit_finished(works[i].label)
     finally:
         close = getattr(results, "close", None)  # a generator: closing it cancels what is pending
         if close is not None:

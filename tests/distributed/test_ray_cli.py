@@ -1,0 +1,48 @@
+"""``lbbench run --ray``: end to end on a tiny sweep (joining the session's running cluster, as `--ray auto`
+joins one started with `ray start --head`), the one line without the extra, and the note on live runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+
+import polars as pl
+from click.testing import CliRunner
+from polars.testing import assert_frame_equal
+
+from lbbench.cli.main import main
+
+TINY = ["run", "--rate", "10,20", "--router", "round_robin,jsq", "--requests", "80", "--seeds", "2",
+        "--format", "json"]
+
+
+def test_run_ray_auto_end_to_end_equals_one_process(ray_session, tmp_path):
+    here = CliRunner().invoke(main, [*TINY, "--jobs", "1", "--out", str(tmp_path / "one")], catch_exceptions=False)
+    assert here.exit_code == 0, here.output
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    res = subprocess.run([sys.executable, "-m", "lbbench.cli", *TINY, "--ray", "auto", "--out", str(tmp_path / "ray")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = tomllib.loads((tmp_path / "ray" / "run.toml").read_text())
+    assert doc["executor"] == "ray" and doc["complete"] is True and doc["runs_completed"] == 8
+    for name in ("requests", "summary"):
+        a = pl.read_parquet(tmp_path / "one" / f"{name}.parquet").drop("run_id", strict=False)
+        b = pl.read_parquet(tmp_path / "ray" / f"{name}.parquet").drop("run_id", strict=False)
+        assert_frame_equal(a, b, check_exact=True)
+
+
+def test_ray_without_the_extra_is_one_line_and_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where the extra is not installed
+    res = CliRunner().invoke(main, [*TINY, "--ray", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.output.strip() == "Error: --ray: needs the ray extra: pip install 'lbbench[ray]'"
+    assert not (tmp_path / "x").exists()  # refused before any work
+
+
+def test_ray_on_a_live_run_says_it_replays_here(tmp_path):
+    res = CliRunner().invoke(main, ["run", "--endpoint", "http://127.0.0.1:9", "--requests", "5", "--ray",
+                                    "--out", str(tmp_path / "x")])
+    note = res.output.splitlines()[0]
+    assert note.startswith("note: --ray") and "replays from this process" in note
