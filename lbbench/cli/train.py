@@ -9,7 +9,11 @@ Every ``TrainConfig`` field is a flag (``--batch-size``, ``--lr``, ...) whose he
 is the field's docstring; the trace flags are those of ``lbbench run``. ``DIR``
 receives ``policy.npz`` (what ``lbbench run --router wgrl --checkpoint DIR``
 loads, numpy only), ``last/policy.npz``, ``curve.parquet`` (the training curve),
-``config.json`` and ``train_time.json``. Training needs the ``learn`` extra
+``config.json``, ``train_time.json`` and the learning curve (``learning_curve.parquet``
+and ``learning_curve.png``: the network against its guidance heuristic and round robin on
+validation workloads every ``--eval-every`` episodes). ``--workers N`` collects rollouts in
+N processes (``--ray``: Ray actors); ``--teacher kv_gate --bc-episodes B --dagger-rounds D``
+warm-starts the network by imitation before Double-DQN fine-tuning. Training needs the ``learn`` extra
 (torch, gymnasium); routing with the result does not.
 """
 
@@ -24,9 +28,12 @@ from typing import Any
 import click
 
 from ..training.config import TrainConfig, field_help
+from ..errors import InputError
+from .flags import ray_option
 
 _CHOICES = {"router": ["baseline_rl", "wa_rl", "wgrl"], "discount": ["time", "decision"],
-            "guidance_schedule": ["fading", "literal"], "estimator": ["paper", "interference"]}
+            "guidance_schedule": ["fading", "literal"], "estimator": ["paper", "interference"],
+            "teacher": ["none", "kv_gate", "lookahead"], "guidance": ["mixing", "kv_gate", "lookahead"]}
 
 
 def _options(fn):
@@ -65,7 +72,8 @@ def _trace_flags(fn):
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for the checkpoint, training curve and config.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(out_dir: str, quiet: bool, **kw: Any) -> None:
+@ray_option
+def train(out_dir: str, quiet: bool, ray_address: str | None = None, **kw: Any) -> None:
     """Train an RL router (baseline_rl, wa_rl, wgrl) with Double DQN on the simulator."""
     from .trace import split_trace_options
     read, transform = split_trace_options(kw)
@@ -85,11 +93,22 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
         profile = load_profile(cfg.profile)
     except ProfileError as exc:
         raise click.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
-    t0 = time.perf_counter()
-    curve = run_training(cfg, out_dir, progress=not quiet, profile=profile)
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        curve = run_training(cfg, out_dir, progress=not quiet, profile=profile, ray_address=ray_address)
+    except InputError as exc:  # e.g. --ray without the ray extra, or an unreachable cluster
+        raise click.BadParameter(str(exc), param_hint="--ray") from None
+    except ValueError as exc:
+        field = str(exc).split(":", 1)[0]
+        if field in _FIELD_FLAGS:
+            raise click.BadParameter(str(exc).split(":", 1)[1].strip(), param_hint=_FIELD_FLAGS[field]) from None
+        raise
     wall_s = time.perf_counter() - t0
     out = Path(out_dir)
-    (out / "train_time.json").write_text(json.dumps({"wall_s": round(wall_s, 2)}) + "\n")
+    # CPU time of this process (the learner; rollout workers' CPU is not counted)
+    (out / "train_time.json").write_text(json.dumps({"wall_s": round(wall_s, 2),
+                                                     "learner_cpu_s": round(time.process_time() - c0, 2),
+                                                     "workers": cfg.workers}) + "\n")
     val = curve["val_e2e_s"].drop_nans()
     line = (f"trained {cfg.router} for {cfg.profile} x{cfg.instances} on {cfg.workload_label()}: "
             f"{cfg.episodes} episodes in {wall_s:.0f} s; last episode mean E2E {curve['mean_e2e_s'][-1]:.2f} s")
@@ -104,7 +123,20 @@ def train(out_dir: str, quiet: bool, **kw: Any) -> None:
                 if meta.get("gate") == "heuristic" else "the network")
         click.echo(f"validation gate on fresh seeds: network {v['network_e2e_s']:.2f} s, guidance heuristic "
                    f"{v['heuristic_e2e_s']:.2f} s mean E2E; the checkpoint routes with {uses}")
+    lc = out / "learning_curve.parquet"
+    if lc.is_file():
+        import polars as pl
+        last = pl.read_parquet(lc).filter(pl.col("episode") == pl.col("episode").max())
+        vals = {r["policy"]: r["mean_e2e_s"] for r in last.iter_rows(named=True)}
+        click.echo(f"learning curve (validation workloads, episode {last['episode'][0]}): network "
+                   f"{vals['network']:.2f} s, heuristic {vals['heuristic']:.2f} s, round robin "
+                   f"{vals['round_robin']:.2f} s mean E2E -> {lc}")
+        if not (out / "learning_curve.png").is_file():
+            click.echo("no learning_curve.png: the picture needs the plot extra (pip install 'lbbench[plot]')")
     click.echo(f"checkpoint: {out / 'policy.npz'}  curve: {out / 'curve.parquet'}")
+
+
+_FIELD_FLAGS = {"teacher": "--teacher", "workers": "--workers", "guidance": "--guidance"}
 
 
 def _rates_ok(cfg: TrainConfig) -> bool:
@@ -131,6 +163,10 @@ def _validate(cfg: TrainConfig) -> None:
               (cfg.n_step >= 1, "--n-step", "must be >= 1"),
               (cfg.max_defer_s >= 0, "--max-defer-s", "must be >= 0 (0: never defer while an instance is up)"),
               (cfg.network in ("mlp", "shared"), "--network", f"{cfg.network!r} is not one of mlp, shared"),
+              (cfg.workers >= 0, "--workers", "must be >= 0"),
+              (cfg.eval_every >= 1, "--eval-every", "must be >= 1"),
+              (cfg.teacher != "none" or not (cfg.bc_episodes or cfg.dagger_rounds), "--teacher",
+               "behaviour cloning (--bc-episodes) and DAgger (--dagger-rounds) need a teacher (kv_gate or lookahead)"),
               (not cfg.trace or Path(cfg.trace).is_file(), "--trace", f"{cfg.trace}: no such file"),
               (workload_ok, "--workload", f"unknown workload {cfg.workload!r} (choose from "
                                           f"{', '.join(WORKLOADS)}, dataset:FILE, or give --trace FILE)")]

@@ -108,6 +108,26 @@ class TrainConfig:
     """Validation workloads that pick the exported network among the greedy episodes."""
     train_seed_base: int = 1_000_000
     """Offset of the training workload seeds (kept away from evaluation seeds)."""
+    eval_every: int = 5
+    """Learning curve: evaluate the greedy network (and, once, its guidance heuristic and round robin) on the validation workloads every this many episodes (learning_curve.parquet / .png)."""
+    kv_features: bool = False
+    """Deviation: add predicted-KV-footprint features to the state (the head's predicted footprint; per instance its outstanding footprint, the KV held, and whether the head fits), from predicted lengths only."""
+    workers: int = 0
+    """Rollout workers. 0: the in-process loop (an update every --train-every decisions). N >= 1: rounds of N episodes collected in parallel (a process pool, or Ray actors with --ray) with the current network, then the updates their decisions pay for; reproducible for a fixed seed and N."""
+    teacher: str = "none"
+    """Imitation warm start from a teacher (a function state -> action; it may read true lengths, the network never does): kv_gate (head-of-queue FIFO KV gate on true lengths) | lookahead (the oracle planner) | none."""
+    guidance: str = "mixing"
+    """Guidance heuristic h of wa_rl/wgrl: mixing (the paper's r_mix gap) | kv_gate | lookahead (h = 1 when the action differs from that teacher's)."""
+    bc_episodes: int = 0
+    """Behaviour cloning: episodes acted by the teacher whose states and actions warm-start the network (needs --teacher)."""
+    dagger_rounds: int = 0
+    """DAgger rounds after behaviour cloning: the learner acts (the teacher with probability 0.5^round), the teacher labels every visited state, the network is refitted on all labels."""
+    imitation_updates: int = 2000
+    """Gradient steps after the behaviour-cloning episodes and after each DAgger round."""
+    margin: float = 0.5
+    """Large-margin imitation loss (DQfD): the teacher's action must beat every other valid action's Q by this much (scaled reward units)."""
+    demo_weight: float = 1.0
+    """Weight of the imitation loss on the teacher-labelled states during Double-DQN fine-tuning (0: plain Double DQN after the warm start)."""
 
     def workload_label(self) -> str:
         """What the checkpoint was trained on, as ``lbbench run`` labels workloads."""

@@ -38,7 +38,9 @@ elapsed by the step):
   r_mix(chosen)`` with the paper's mixing estimator
   (``lbbench.routers.mixing``; ``estimator="interference"`` for lbbench's
   earlier one), 0 for a defer or when the choice has the least impact,
-  times ``guidance_scale`` (1 = the paper's).
+  times ``guidance_scale`` (1 = the paper's). With ``guidance_fn`` (a
+  teacher, ``lbbench.training.teachers``: ``--guidance kv_gate|lookahead``)
+  ``h`` is 1 when the action (defer included) differs from the teacher's, else 0.
 
 **Decision epochs and discounting.** The paper's MDP has one epoch per Δt: a
 defer costs one Δt, dispatches happen at one instant. ``info["epochs"]`` is the
@@ -212,7 +214,8 @@ class RouterEnv(gym.Env):
                  instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
                  skip_empty: bool = True, max_defer_s: float | None = 30.0,
                  max_steps: int = 2_000_000,
-                 feature_spec: FeatureSpec | None = None, prior_scale: float = 0.0):
+                 feature_spec: FeatureSpec | None = None, prior_scale: float = 0.0,
+                 guidance_fn: Callable[[ClusterSim], int] | None = None):
         super().__init__()
         self.profile = profile
         self.num_instances = num_instances
@@ -224,11 +227,13 @@ class RouterEnv(gym.Env):
         self.max_defer_s = max_defer_s
         self.max_steps = max_steps
         self.prior_scale = prior_scale  # residual-Q prior in info["prior"] (see heuristic_prior)
+        # a teacher as the guidance heuristic: h = 1 when the action is not the teacher's (defer included)
+        self.guidance_fn = guidance_fn
         self.dt_s = profile.min_step_s
         self.feature_spec = feature_spec or FeatureSpec.from_profile(profile, num_instances)
         self.featurize = Featurizer(self.feature_spec)
         self.mixing = MixingParams.from_profile(profile)
-        self.observation_space = gym.spaces.Box(-1.0, 4.0, shape=(self.feature_spec.obs_dim,), dtype=np.float32)
+        self.observation_space = gym.spaces.Box(-2.0, 4.0, shape=(self.feature_spec.obs_dim,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(num_instances + 1)
         self.episode = -1
         self.sim: ClusterSim | None = None
@@ -357,11 +362,15 @@ class RouterEnv(gym.Env):
         h = 0.0
         self._epoch_s = sim.now_s
         t0 = sim.now_s
-        if action < m:
-            view = sim.view()
-            pens = penalties(self.mixing, view, sim.queue[0], self.reward_cfg.estimator)
-            h = guidance_gap(pens, action, view.healthy_indices())
+        if self.guidance_fn is not None and sim.queue:
+            h = 0.0 if self.guidance_fn(sim) == action else 1.0
             reward -= self.guidance_weight * self.reward_cfg.guidance_scale * h
+        if action < m:
+            if self.guidance_fn is None:
+                view = sim.view()
+                pens = penalties(self.mixing, view, sim.queue[0], self.reward_cfg.estimator)
+                h = guidance_gap(pens, action, view.healthy_indices())
+                reward -= self.guidance_weight * self.reward_cfg.guidance_scale * h
             done0 = len(sim.completions_log)
             sim.dispatch(0, action)
             self._num_dispatched += 1

@@ -58,8 +58,10 @@ from torch import nn
 
 from lbbench import __version__
 from lbbench.profiles import Profile, load_profile
+from lbbench.routers.rl.features import FeatureSpec
 from lbbench.routers.rl.policy import QPolicy, SharedQPolicy
 from lbbench.training.config import TrainConfig
+from lbbench.training.curve import CURVE_FILE, PLOT_FILE, LearningCurve, save_plot
 from lbbench.training.env import RewardConfig, RouterEnv
 from lbbench.training.episodes import episode_source
 
@@ -250,9 +252,14 @@ def epsilon_at(cfg: TrainConfig, episode: int) -> float:
 
 
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool = True,
-          profile: Profile | None = None) -> pl.DataFrame:
+          profile: Profile | None = None, ray_address: str | None = None) -> pl.DataFrame:
     """Train one variant; writes the checkpoint to ``out_dir`` (when given) and
-    returns the training curve."""
+    returns the training curve. With ``workers`` or a ``teacher`` the round-based
+    loop over parallel rollouts (``rounds``) does it; ``ray_address`` puts its
+    rollout workers on Ray."""
+    if cfg.workers > 0 or cfg.teacher != "none" or ray_address:
+        from lbbench.training.rounds import train_rounds
+        return train_rounds(cfg, out_dir, progress=progress, profile=profile, ray_address=ray_address)
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -266,7 +273,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     env = RouterEnv(prof, cfg.instances, episodes,
                     reward_cfg, instance_scheduler=cfg.instance_scheduler,
                     chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s,
-                    prior_scale=cfg.prior_scale)
+                    prior_scale=cfg.prior_scale,
+                    feature_spec=FeatureSpec.from_profile(prof, cfg.instances, kv_features=cfg.kv_features))
     obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
     q = make_network(cfg, env.feature_spec)
     q_target = make_network(cfg, env.feature_spec)
@@ -284,21 +292,11 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     spec = env.feature_spec
     permute = ((spec.obs_dim - cfg.instances * spec.per_instance_dim, cfg.instances,
                 spec.per_instance_dim) if cfg.permute_instances else None)
-    meta = {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
-            "feature_spec": env.feature_spec.as_dict(), "max_defer_s": cfg.max_defer_s,
-            "trained_on": {"profile": prof.name, "num_instances": cfg.instances,
-                           "workload": cfg.workload_label(), "rate_per_s": cfg.rate,
-                           "rates_per_s": cfg.rate_list(),
-                           "requests": cfg.requests, "predictor": cfg.predictor,
-                           "instance_scheduler": cfg.instance_scheduler,
-                           "chunked_prefill": (prof.chunked_prefill if cfg.chunked_prefill is None
-                                               else cfg.chunked_prefill)},
-            "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
-                       "alpha": prof.alpha, "estimator": cfg.estimator},
-            "prior_scale": cfg.prior_scale,
-            "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
+    meta = checkpoint_meta(cfg, prof, env.feature_spec)
 
     validation = [episodes(cfg.train_seed_base - 1 - k) for k in range(cfg.val_seeds)]
+    lc = LearningCurve(cfg, prof, validation, [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds)],
+                       out_dir) if cfg.val_seeds > 0 else None
     rows: list[dict] = []
     best: tuple[float, QPolicy | SharedQPolicy] | None = None
     step = 0
@@ -381,34 +379,71 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
             row["val_e2e_s"] = validate(policy, prof, cfg, validation)
             if best is None or row["val_e2e_s"] < best[0]:
                 best = (row["val_e2e_s"], policy)
+        if lc is not None and ((episode + 1) % max(1, cfg.eval_every) == 0 or episode == cfg.episodes - 1):
+            lc.record(episode + 1, export_policy(q, dict(meta, episode=episode)))
         bar.update(row)
     bar.close()
 
     curve = pl.DataFrame(rows)
     if out_dir is not None:
-        out = Path(out_dir)
         low, high = buf.state_range()
-        low, high = low[:obs_dim], high[:obs_dim]
-        ranges = {"obs_low": low.tolist(), "obs_high": high.tolist()}
-        last = export_policy(q, dict(meta, episode=cfg.episodes - 1, **ranges))
-        chosen = best[1] if best else last
-        chosen.meta.update(ranges)
-        if best is not None and cfg.validation_gate:
-            # fresh workloads: the selection seeds flatter the network they selected
-            seeds = [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds, 2 * cfg.val_seeds)]
-            gate_wl = [episodes(sd) for sd in seeds]
-            net_e2e = validate(chosen, prof, cfg, gate_wl, seed_of=seeds)
-            heuristic_e2e = validate(chosen, prof, cfg, gate_wl, heuristic=True, seed_of=seeds)
-            chosen.meta["validation"] = {"network_e2e_s": net_e2e, "heuristic_e2e_s": heuristic_e2e,
-                                         "seeds": seeds, "selection_e2e_s": best[0]}
-            chosen.meta["validation"]["margin_pct"] = cfg.gate_margin_pct
-            keep = net_e2e < heuristic_e2e * (1.0 - cfg.gate_margin_pct / 100.0)
-            chosen.meta["gate"] = "network" if keep else "heuristic"
-        chosen.save(out)
-        last.save(out / "last")
-        curve.write_parquet(out / "curve.parquet")
-        (out / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(cfg)), indent=2) + "\n")
+        last = export_policy(q, dict(meta, episode=cfg.episodes - 1))
+        save_checkpoint(cfg, prof, out_dir, best, last, (low[:obs_dim], high[:obs_dim]), episodes, curve,
+                        lc.frame() if lc is not None else None)
     return curve
+
+
+def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
+    """What a checkpoint records about its training (``trained_on``, mixing, the config)."""
+    return {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
+            "feature_spec": spec.as_dict(), "max_defer_s": cfg.max_defer_s,
+            "trained_on": {"profile": prof.name, "num_instances": cfg.instances,
+                           "workload": cfg.workload_label(), "rate_per_s": cfg.rate,
+                           "rates_per_s": cfg.rate_list(),
+                           "requests": cfg.requests, "predictor": cfg.predictor,
+                           "instance_scheduler": cfg.instance_scheduler,
+                           "chunked_prefill": (prof.chunked_prefill if cfg.chunked_prefill is None
+                                               else cfg.chunked_prefill)},
+            "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
+                       "alpha": prof.alpha, "estimator": cfg.estimator},
+            "prior_scale": cfg.prior_scale,
+            "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
+
+
+def save_checkpoint(cfg: TrainConfig, prof: Profile, out_dir: str | Path,
+                    best: tuple[float, QPolicy | SharedQPolicy] | None, last: QPolicy | SharedQPolicy,
+                    state_range: tuple[np.ndarray, np.ndarray], episodes, curve: pl.DataFrame,
+                    learning_curve: pl.DataFrame | None) -> None:
+    """Write the checkpoint: the selected network (``best``, else ``last``) with the
+    state range and, with ``validation_gate``, the gate's verdict on fresh
+    validation workloads; ``last/``; the training curve; the learning curve and
+    its picture; the config."""
+    out = Path(out_dir)
+    ranges = {"obs_low": state_range[0].tolist(), "obs_high": state_range[1].tolist()}
+    last.meta.update(ranges)
+    chosen = best[1] if best else last
+    chosen.meta.update(ranges)
+    if best is not None and cfg.validation_gate:
+        # fresh workloads: the selection seeds flatter the network they selected
+        seeds = [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds, 2 * cfg.val_seeds)]
+        gate_wl = [episodes(sd) for sd in seeds]
+        net_e2e = validate(chosen, prof, cfg, gate_wl, seed_of=seeds)
+        heuristic_e2e = validate(chosen, prof, cfg, gate_wl, heuristic=True, seed_of=seeds)
+        chosen.meta["validation"] = {"network_e2e_s": net_e2e, "heuristic_e2e_s": heuristic_e2e,
+                                     "seeds": seeds, "selection_e2e_s": best[0]}
+        chosen.meta["validation"]["margin_pct"] = cfg.gate_margin_pct
+        keep = net_e2e < heuristic_e2e * (1.0 - cfg.gate_margin_pct / 100.0)
+        chosen.meta["gate"] = "network" if keep else "heuristic"
+    chosen.save(out)
+    last.save(out / "last")
+    curve.write_parquet(out / "curve.parquet")
+    if learning_curve is not None and learning_curve.height:
+        learning_curve.write_parquet(out / CURVE_FILE)
+        try:
+            save_plot(learning_curve, out / PLOT_FILE, f"{cfg.router} {prof.name} x{cfg.instances}")
+        except ImportError:
+            pass  # the picture needs the plot extra; the CLI says so
+    (out / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(cfg)), indent=2) + "\n")
 
 
 def _jsonable(d: dict) -> dict:

@@ -18,6 +18,14 @@ Following the paper, the observation at a decision epoch is made of
   ``max_num_seqs * max_model_len``: under overload the counts saturate long
   before the work does) and whether it is healthy.
 
+With ``kv_features`` (a deviation, off in the paper's formulation and in older
+checkpoints) the state also carries what a KV-footprint gate looks at, from
+*predicted* lengths only: the head's predicted footprint (prompt + predicted
+output) and, per instance, the predicted final footprint of its outstanding
+requests, the KV its running requests hold now, and whether the head would fit
+beside them (``(capacity - footprint - head footprint) / capacity``), each as a
+fraction of the instance's KV capacity. Nothing in it is an oracle quantity.
+
 Everything is a float32 numpy vector of fixed length ``FeatureSpec.obs_dim``;
 one call costs a few microseconds (a Python list filled in one pass, one
 ``np.asarray``). No torch, no simulator imports: the same code serves the
@@ -36,6 +44,8 @@ from lbbench.core import DEFAULT_STATE_BUCKETS, ClusterView, Request, bucket_of
 
 #: per-instance features: prompt buckets + decode buckets + these
 _PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "work", "healthy")
+#: with ``kv_features``: per instance, after the extras above; the head gets ``head_kv``
+_PER_INSTANCE_KV = ("kv_footprint", "kv_held", "kv_fit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +61,7 @@ class FeatureSpec:
     decode_buckets: tuple[int, ...] = DEFAULT_STATE_BUCKETS
     completion_horizon_s: float = 10.0
     count_cap: float = 4.0  #: bucket counts are clipped at this many max_num_seqs
+    kv_features: bool = False  #: add the predicted-KV-footprint features (see the module docstring)
 
     @classmethod
     def from_profile(cls, profile, num_instances: int, **kw) -> "FeatureSpec":
@@ -68,22 +79,37 @@ class FeatureSpec:
 
     @property
     def per_instance_dim(self) -> int:
-        return self.num_prompt_buckets + self.num_decode_buckets + len(_PER_INSTANCE_EXTRA)
+        return (self.num_prompt_buckets + self.num_decode_buckets + len(_PER_INSTANCE_EXTRA)
+                + (len(_PER_INSTANCE_KV) if self.kv_features else 0))
+
+    @property
+    def head_dim(self) -> int:
+        return 2 + self.num_decode_buckets + (1 if self.kv_features else 0)
 
     @property
     def obs_dim(self) -> int:
-        return 2 + self.num_decode_buckets + self.num_instances * self.per_instance_dim
+        return self.head_dim + self.num_instances * self.per_instance_dim
 
     def names(self) -> list[str]:
         """Feature names, in vector order (for debugging and the README)."""
         out = ["queue_len", "head_prompt"] + [f"head_decode_b{b}" for b in range(self.num_decode_buckets)]
+        if self.kv_features:
+            out.append("head_kv")
         for i in range(self.num_instances):
             out += [f"i{i}_prompt_b{b}" for b in range(self.num_prompt_buckets)]
             out += [f"i{i}_decode_b{b}" for b in range(self.num_decode_buckets)]
             out += [f"i{i}_{n}" for n in _PER_INSTANCE_EXTRA]
+            if self.kv_features:
+                out += [f"i{i}_{n}" for n in _PER_INSTANCE_KV]
         return out
 
     def as_dict(self) -> dict:
+        d = self._as_dict()
+        if self.kv_features:  # older checkpoints have no such key (and no such features)
+            d["kv_features"] = True
+        return d
+
+    def _as_dict(self) -> dict:
         return {"num_instances": self.num_instances, "max_num_seqs": self.max_num_seqs,
                 "min_step_s": self.min_step_s, "max_model_len": self.max_model_len,
                 "kv_capacity_tokens": self.kv_capacity_tokens,
@@ -103,7 +129,7 @@ class Featurizer:
     """Turns ``(queue, view)`` into the observation vector for one spec."""
 
     __slots__ = ("spec", "_inv_seqs", "_queue_scale", "_prompt_scale", "_inv_horizon",
-                 "_work_scale", "_cap", "_ndb", "_zeros_db")
+                 "_work_scale", "_cap", "_ndb", "_zeros_db", "_kv", "_inv_kv")
 
     def __init__(self, spec: FeatureSpec):
         self.spec = spec
@@ -115,6 +141,8 @@ class Featurizer:
         self._cap = spec.count_cap
         self._ndb = spec.num_decode_buckets
         self._zeros_db = [0.0] * self._ndb
+        self._kv = spec.kv_features
+        self._inv_kv = 1.0 / max(1, spec.kv_capacity_tokens)
 
     def __call__(self, queue: Sequence[Request], view: ClusterView) -> np.ndarray:
         spec = self.spec
@@ -123,15 +151,20 @@ class Featurizer:
                              f"built for {spec.num_instances}")
         n = len(queue)
         out = [min(1.0, n * self._queue_scale)]
+        head_kv = 0.0
         if n:
             head = queue[0]
             out.append(min(1.0, math.log1p(head.prompt_tokens) * self._prompt_scale))
             onehot = list(self._zeros_db)
             onehot[bucket_of(head.expected_output_tokens, spec.decode_buckets)] = 1.0
             out += onehot
+            head_kv = (head.prompt_tokens + head.expected_output_tokens) * self._inv_kv
         else:
             out.append(0.0)
             out += self._zeros_db
+        kv, inv_kv = self._kv, self._inv_kv
+        if kv:
+            out.append(min(2.0, head_kv))
         inv, cap = self._inv_seqs, self._cap
         for iv in view.instances:
             for c in iv.prompt_bucket_counts:
@@ -143,6 +176,11 @@ class Featurizer:
             out.append(0.0 if mr is None else min(1.0, max(0, mr) * self._inv_horizon))
             out.append(min(2.0, math.log1p(iv.work_tokens) * self._work_scale))
             out.append(1.0 if iv.healthy else 0.0)
+            if kv:
+                foot = iv.predicted_footprint_tokens * inv_kv
+                out.append(min(4.0, foot))
+                out.append(min(2.0, iv.context_tokens * inv_kv))
+                out.append(max(-2.0, min(1.0, 1.0 - foot - head_kv)))
         if len(out) != spec.obs_dim:
             raise ValueError(f"features: got {len(out)} values, expected {spec.obs_dim} (bucket "
                              "edges of the cluster state and the policy differ?)")

@@ -1,0 +1,115 @@
+"""Teachers for the RL routers: plain functions ``sim -> action`` in the paper's action space.
+
+A teacher looks at the simulator the environment drives (``ClusterSim``) and
+returns the action for the head of the router queue: ``i < m`` routes it to
+instance ``i``, ``m`` defers. The training loop can imitate one (behaviour
+cloning, then DAgger: the learner's states labelled with the teacher's
+actions) or use it as the guidance heuristic ``h`` (``--guidance``). A teacher
+may read oracle information (true output lengths, future arrivals); the
+network it teaches never does: its observation is built from predicted lengths
+only (``lbbench.routers.rl.features``).
+
+- ``kv_gate`` (oracle lengths): the FIFO KV gate of ``late_binding_srpt`` with
+  ``order=fcfs``, ``kv_slack=0``, reduced to the head of the queue. An
+  instance is open when it has a free sequence slot and less than one engine
+  step of prompt tokens waiting; the head fits there when the projected peak
+  KV of the instance's outstanding requests plus the head, each at its *true*
+  final length, stays within the KV capacity (an idle instance always fits).
+  The head goes to the open instance where the largest prompt would still fit
+  beside it (the most free projected KV), else it waits. Once it has waited
+  ``max_defer_s`` it goes to that instance regardless.
+- ``lookahead``: the oracle planner (``lbbench.routers.lookahead.plan_action``),
+  head of the queue only.
+
+``TeacherRouter`` wraps the ``kv_gate`` teacher as a router (so validation can
+score the teacher like any router).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from lbbench.core import ClusterView, Decision, Request
+
+TEACHERS = ("none", "kv_gate", "lookahead")
+GUIDANCES = ("mixing", "kv_gate", "lookahead")
+
+Teacher = Callable[[Any], int]
+
+
+def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
+                   max_num_batched_tokens: int, max_defer_s: float | None = None,
+                   kv_slack: float = 0.0, overrun_tokens: int = 32) -> int:
+    """The ``kv_gate`` teacher's action for the head of ``queue`` (``view`` with
+    detail; true output lengths)."""
+    from lbbench.routers.late_binding import _Gate, clamp_output
+
+    m = view.num_instances
+    if not queue:
+        return m
+    head = queue[0]
+    healthy = [iv for iv in view.instances if iv.healthy]
+    if not healthy:
+        return m
+    best, best_room = None, -math.inf
+    for iv in healthy:
+        if iv.num_outstanding and (iv.num_outstanding >= iv.spec.max_num_seqs
+                                   or iv.prompt_tokens_pending >= max_num_batched_tokens):
+            continue
+        cap = float(iv.spec.kv_capacity_tokens)
+        gate = _Gate(iv, cap, cap * (1.0 + kv_slack), lambda r: r.output_tokens, overrun_tokens)
+        d = clamp_output(head.output_tokens, head.prompt_tokens, cap)
+        room = math.inf if gate.idle else gate.max_prompt_tokens(d) - head.prompt_tokens
+        if room >= 0 and room > best_room:
+            best, best_room = iv.index, room
+    if best is not None:
+        return best
+    if max_defer_s is not None and now_s - head.arrival_s >= max_defer_s:
+        # the defer guard: route now, to the instance with the least projected footprint
+        return min(healthy, key=lambda iv: (iv.predicted_footprint_tokens, iv.index)).index
+    return m
+
+
+def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
+                 horizon_s: float | None = None) -> Teacher | None:
+    """The teacher ``name`` names (``None`` for ``none``); ``ValueError`` naming the
+    setting for an unknown one or a planner that is not available."""
+    if name == "none":
+        return None
+    if name == "kv_gate":
+        budget = int(profile.max_num_batched_tokens)
+
+        def kv_gate(sim) -> int:
+            return kv_gate_action(sim.queue, sim.state.view(detail=True), sim.now_s,
+                                  max_num_batched_tokens=budget, max_defer_s=max_defer_s)
+        return kv_gate
+    if name == "lookahead":
+        try:
+            from lbbench.routers.lookahead import plan_action
+        except ImportError as exc:
+            raise ValueError(f"teacher: lookahead needs the planner (lbbench.routers.lookahead): {exc}") from None
+        kw = {} if horizon_s is None else {"horizon_s": horizon_s}
+
+        def lookahead(sim) -> int:
+            d = plan_action(sim, reorder=False, **kw)
+            return sim.state.num_instances if d is None else int(d.instance)
+        return lookahead
+    raise ValueError(f"teacher: {name!r} is not one of {', '.join(TEACHERS)}")
+
+
+class TeacherRouter:
+    """The ``kv_gate`` teacher as a router (oracle: it reads true output lengths)."""
+
+    needs_detail = True
+    name = "kv_gate_teacher"
+
+    def __init__(self, num_instances: int, profile, max_defer_s: float | None = None):
+        self.num_instances = num_instances
+        self.budget = int(profile.max_num_batched_tokens)
+        self.max_defer_s = max_defer_s
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        a = kv_gate_action(queue, view, now_s, max_num_batched_tokens=self.budget,
+                           max_defer_s=self.max_defer_s)
+        return None if a >= self.num_instances else Decision(0, a)
