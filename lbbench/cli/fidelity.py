@@ -31,7 +31,7 @@ def _placement(urls) -> dict | None:
 @click.option("--calibrate-on", "calibrate_on", default=None,
               help="Transfer: calibrate the profile on this workload's live replays first: trace:FILE[?K=V&...] or "
                    "workload:NAME[?K=V&...] (keys: requests, rate, seed; a trace's max_prompt_tokens, "
-                   "prompt_overflow, time_scale, window, trace_format, mapping; a workload's prompt_tokens, "
+                   "prompt_overflow, time_scale, window=START:END, trace_format; a workload's prompt_tokens, "
                    "output_tokens, burstiness). Needs --check-on.")
 @click.option("--check-on", "check_on", multiple=True,
               help="Transfer: a workload to check the calibrated profile on (same syntax); repeat for several.")

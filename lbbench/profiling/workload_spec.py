@@ -9,7 +9,7 @@ its own settings after ``?`` (URL-query style), and what it leaves out comes fro
 - ``workload:poisson?prompt_tokens=256:0.5&output_tokens=64:0.5&seed=3``
 
 Keys: ``requests``, ``rate``, ``seed`` for both kinds; a trace's read and transform options (``max_prompt_tokens``,
-``prompt_overflow``, ``time_scale``, ``window``, ``trace_format``, ``mapping``); a synthetic workload's
+``prompt_overflow``, ``time_scale``, ``window`` as ``START:END`` seconds, ``trace_format``); a synthetic workload's
 ``prompt_tokens``, ``output_tokens`` and ``burstiness``. A bad spec is an :class:`~lbbench.errors.InputError`
 naming the field (``calibrate_on`` / ``check_on``) that carried it.
 """
@@ -25,7 +25,7 @@ from ..errors import InputError
 KINDS = ("trace", "workload")
 COMMON_KEYS = {"requests": int, "rate": float, "seed": int}
 TRACE_KEYS = {"max_prompt_tokens": int, "prompt_overflow": str, "time_scale": float, "window": str,
-              "trace_format": str, "mapping": str}
+              "trace_format": str}
 WORKLOAD_KEYS = {"prompt_tokens": str, "output_tokens": str, "burstiness": float}
 SYNTAX = "give trace:FILE[?K=V&...] or workload:NAME[?K=V&...]"
 
@@ -73,6 +73,12 @@ def _cast(key: str, raw: str, typ: type, field_name: str, text: str) -> Any:
         raise InputError(f"{text!r}: {key} must be >= 1", field_name)
     if key in ("rate", "time_scale", "burstiness") and not value > 0:
         raise InputError(f"{text!r}: {key} must be > 0", field_name)
+    if key == "window":
+        from ..workloads.trace_transform import parse_window
+        try:
+            return parse_window(value)
+        except ValueError as exc:
+            raise InputError(f"{text!r}: {exc}", field_name) from None
     return value
 
 

@@ -1,82 +1,111 @@
-"""Live tier: measure a profile from real vLLM (CPU build, tiny model, two instances), calibrate it on one set of
-requests, and check the simulator's fidelity on another: the mean E2E error of every router must stay within the
-issue's 15 %.
+"""Live tier: does a calibration transfer? Real vLLM (CPU build, tiny model), one instance pinned to its own core and
+the client on another, so that the engine does not share compute with anything it is timed against (as a GPU
+instance does not).
 
-The calibration fits a factor on the measured decode-step costs to the live mean time between tokens and one on
-the prefill costs to the live mean time to first token (``lbbench profile calibrate``, seed 1); the gated E2E is
-fitted on neither, and the evaluated requests (seed 0) are not the calibration's. When that first measurement is
-over the gate, calibration and evaluation are repeated once on fresh sets (seeds 2 and 3) and the second must pass:
-the host's speed drifts between the two phases (see ``_calibrate_and_check``'s caller). Without the calibration, the
-sweep-measured profile alone was 57-80 % off on a 2-core host (docs/fidelity.md).
+A profile is measured from the engine (``lbbench profile measure``), then ``lbbench fidelity --calibrate-on`` fits
+it on replays of the shared Azure conversation trace (prompts <= 1,000 tokens) and checks the simulator on two
+workloads it was not fitted on: a Poisson mix and the shared Mooncake synthetic trace (prompts <= 1,000 tokens).
+The calibration and the check replays are interleaved (each repeat runs all three, in a rotated order), so host
+drift moves the calibration and the checks alike.
 
-Needs ``.venv-vllm`` (``make vllm-env``); skipped without it unless ``LBBENCH_REQUIRE_LIVE=1``.
+The rule (the live spread is (max - min) / mean of the per-repeat live mean E2E):
+
+1. every check workload's mean E2E error is within 15 %: pass;
+2. otherwise the whole calibrate-and-check is run once more on fresh request sets (other windows of both traces,
+   another Poisson seed): every check must be within 15 %, or within that run's live spread when the host was
+   noisier than that (a repeat-to-repeat spread over 15 % means the live side itself did not hold to 15 %), and
+   never beyond 25 %.
+
+A real transfer regression (a term of the step model that does not carry over) fails both runs; a one-off stall on
+the shared host rarely does twice. Needs ``.venv-vllm`` (``make vllm-env``) and the shared traces (``../shared/
+traces`` or ``$LBBENCH_TRACE_DIR``); in CI (``LBBENCH_REQUIRE_LIVE=1`` / ``CI``) it fails rather than skips.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from harness.test_live_vllm import _vllm_python_or_skip
 from lbbench.cli import main
-from lbbench.engines.vllm.emulator import free_port_range
+from lbbench.engines.vllm.emulator import free_port, free_port_range
 from lbbench.profiles import load_profile
 
 pytestmark = pytest.mark.live
 MAX_ERROR_PCT = 15.0
-#: the benchmark's Poisson mix (docs/fidelity.md), 300 requests (75 s) a replay, 3 replays on each side. With 100
-#: requests this gate failed once in CI: replays of one request set drifted by up to 19 % there, and the simulated
-#: mean TBT of 100-request sets ranged over +-10 % from seed to seed (the chance overlap of prefills with decodes),
-#: which a calibration on one such set carries to the next; at 300 requests the latter is +-4 % (docs/fidelity.md).
-WORKLOAD = ["--workload", "poisson", "--prompt-tokens", "256:0.5", "--output-tokens", "64:0.5", "--requests", "300",
-            "--rate", "4", "--repeats", "3"]
+#: a second run's error may be excused by its live spread, up to this
+MAX_SPREAD_EXCUSE_PCT = 25.0
+TRACES = Path(os.environ.get("LBBENCH_TRACE_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "traces"))
+AZURE, MOONCAKE = TRACES / "AzureLLMInferenceTrace_conv.csv", TRACES / "synthetic_trace.jsonl"
+#: 80 requests a replay (about a minute each), 3 interleaved repeats of 3 workloads
+REQUESTS, REPEATS = 80, 3
 
 
-def test_measure_calibrate_then_fidelity_on_real_vllm(tmp_path):
+def _traces_or_skip() -> None:
+    missing = [str(p) for p in (AZURE, MOONCAKE) if not p.is_file()]
+    if missing:
+        msg = f"shared traces not found: {', '.join(missing)}"
+        if os.environ.get("CI") or os.environ.get("LBBENCH_REQUIRE_LIVE") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _specs(fresh: bool) -> tuple[str, list[str]]:
+    window = "&window=1800:" if fresh else ""
+    calibrate = f"trace:{AZURE}?max_prompt_tokens=1000&requests={REQUESTS}&rate=1.5{window}"
+    checks = [f"workload:poisson?prompt_tokens=256:0.5&output_tokens=64:0.5&requests={REQUESTS}&rate=2"
+              f"&seed={7 if fresh else 0}",
+              f"trace:{MOONCAKE}?max_prompt_tokens=1000&requests={REQUESTS}&rate=1.5"
+              + ("&window=500:" if fresh else "")]
+    return calibrate, checks
+
+
+def test_calibration_transfers_to_other_workloads_on_real_vllm(tmp_path):
     _vllm_python_or_skip()
+    _traces_or_skip()
     prof_path = tmp_path / "tiny.toml"
-    res = CliRunner().invoke(main, ["profile", "measure", "--launch", "tiny", "--instances", "2",
-                                    "--port", str(free_port_range(2)), "--out", str(prof_path),
+    res = CliRunner().invoke(main, ["profile", "measure", "--launch", "tiny", "--instances", "1",
+                                    "--cpus-per-instance", "1", "--port", str(free_port()), "--out", str(prof_path),
                                     "--log-dir", str(tmp_path / "measure-logs")])
     assert res.exit_code == 0, res.output
     prof = load_profile(prof_path)
     assert prof.block_size > 0 and prof.num_kv_blocks > 0 and prof.base_s > 0
     assert prof.source["num_kv_blocks"].startswith("read from the engine")
 
-    first = _calibrate_and_check(tmp_path / "a", prof_path, calibration_seed=1, evaluation_seed=0)
+    first = _transfer(tmp_path / "a", prof_path, fresh=False)
     if all(abs(r["mean_e2e_error_pct"]) <= MAX_ERROR_PCT for r in first):
         return
-    # One more measurement, on fresh request sets on both sides. On this shared 2-core host the engines' speed
-    # drifts between the calibration's replays and the evaluation's a few minutes later (CI once saw both routers
-    # off by 13.5-15.7 % in the same direction, decode steps over-charged by the same 13.9 %); a real fidelity
-    # regression fails both measurements, host drift rarely does twice.
-    print(f"first measurement over {MAX_ERROR_PCT} %: {[round(r['mean_e2e_error_pct'], 2) for r in first]}; "
-          "measuring again on fresh seeds")
-    second = _calibrate_and_check(tmp_path / "b", prof_path, calibration_seed=2, evaluation_seed=3)
+    print(f"first run over {MAX_ERROR_PCT} %: {_summary(first)}; running again on fresh request sets")
+    second = _transfer(tmp_path / "b", prof_path, fresh=True)
     for r in second:
-        assert abs(r["mean_e2e_error_pct"]) <= MAX_ERROR_PCT, (r, first)
+        allowed = min(max(MAX_ERROR_PCT, r["live_spread_pct"]), MAX_SPREAD_EXCUSE_PCT)
+        assert abs(r["mean_e2e_error_pct"]) <= allowed, (r["workload"], r["mean_e2e_error_pct"], allowed,
+                                                         _summary(first), _summary(second))
 
 
-def _calibrate_and_check(tmp_path, prof_path, calibration_seed: int, evaluation_seed: int) -> list[dict]:
-    """Calibrate the measured profile on one request set, then replay another live and in the simulator;
-    the per-router fidelity rows."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    cal_path = tmp_path / "tiny-cal.toml"
-    res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", str(prof_path), "--launch", "tiny",
-                                    "--instances", "2", "--port-base", str(free_port_range(2)), *WORKLOAD,
-                                    "--seed", str(calibration_seed), "--out", str(cal_path),
-                                    "--log-dir", str(tmp_path / "cal-logs")])
-    print(res.output)
+def _summary(rows: list[dict]) -> list[tuple[str, float, float]]:
+    return [(r["workload"].split("?")[0].rsplit("/", 1)[-1], round(r["mean_e2e_error_pct"], 1),
+             round(r["live_spread_pct"], 1)) for r in rows]
+
+
+def _transfer(out: Path, prof_path: Path, fresh: bool) -> list[dict]:
+    """Calibrate on the Azure slice, check on the Poisson mix and the Mooncake slice; the check rows."""
+    calibrate, checks = _specs(fresh)
+    args = ["fidelity", "--profile", str(prof_path), "--launch", "tiny", "--instances", "1", "--cpus-per-instance",
+            "1", "--port-base", str(free_port_range(1)), "--calibrate-on", calibrate, "--router", "round_robin",
+            "--repeats", str(REPEATS), "--format", "json", "--out", str(out), "--log-dir", str(out / "logs")]
+    for c in checks:
+        args += ["--check-on", c]
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output
-    assert f"seed {calibration_seed}" in load_profile(cal_path).source["calibration"]
-
-    res = CliRunner().invoke(main, [
-        "fidelity", "--profile", str(cal_path), "--launch", "tiny", "--instances", "2",
-        "--port-base", str(free_port_range(2)), *WORKLOAD, "--seed", str(evaluation_seed),
-        "--router", "round_robin,jsq", "--format", "json", "--log-dir", str(tmp_path / "fidelity-logs")])
-    assert res.exit_code == 0, res.output
-    out = json.loads(res.output[res.output.index("{"):])
-    print(json.dumps(out, indent=1))
-    return out["routers"]
+    report = json.loads(res.output[res.output.index("{"):])
+    print(json.dumps({k: report[k] for k in ("placement", "calibration", "wall_s")}, indent=1))
+    assert report["placement"]["pinned"] and len(report["placement"]["instance_cores"]) == 1
+    rows = [r for c in report["checks"] for r in c["routers"]]
+    assert [r["workload"] for r in rows] == checks
+    print("check rows (workload, mean E2E error %, live spread %):", _summary(rows))
+    return rows
