@@ -9,6 +9,8 @@ starts. Errors are ``ConfigError``s naming the field (``rate_per_s``), not a fla
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,20 @@ PROMPT_MODES = ("auto", "ids", "text")
 
 class ConfigError(InputError):
     """A ``RunConfig`` that cannot run; ``field`` names the offending field."""
+
+
+#: below this rate (requests/s) one process sends, reads and decides with lags under a few ms
+LOAD_WORKER_MIN_RATE_PER_S = 40.0
+#: the rate one load worker is given at most (one process kept about 1,000 req/s against a zero-latency server)
+LOAD_WORKER_RATE_PER_S = 1000.0
+
+
+def auto_load_workers(rate_per_s: float | None, cpus: int) -> int:
+    """Load workers for a live run: none below ``LOAD_WORKER_MIN_RATE_PER_S`` or on one core (a worker would
+    share the core with the driver), else one per ``LOAD_WORKER_RATE_PER_S``, leaving the driver a core."""
+    if rate_per_s is None or rate_per_s < LOAD_WORKER_MIN_RATE_PER_S or cpus < 2:
+        return 0
+    return max(1, min(cpus - 1, math.ceil(rate_per_s / LOAD_WORKER_RATE_PER_S)))
 
 
 @dataclass
@@ -89,6 +105,13 @@ class RunConfig:
     request_timeout_s: float = 600.0
     stream_workers: int = 0
     """Live: worker processes that send and read the streams (0: all in the dispatcher's process)."""
+    load_workers: int | None = None
+    """Live: load workers that send at the planned times and read the streams, the router deciding in this
+    process (``lbbench.live.load_workers``); None: chosen from the rate and the cores (``auto_load_workers``)."""
+    send_lead_s: float = 0.02
+    """Live, load workers: how long before an arrival the router decides it and hands it to its worker."""
+    ray_address: str | None = None
+    """Live, load workers: run them as Ray actors on this cluster (``auto`` or an address)."""
     backend: str = "sim"
     """``sim`` or ``live`` (set by ``resolved()`` from the endpoints / launch fields)."""
 
@@ -116,6 +139,9 @@ class RunConfig:
         if cfg.endpoints:
             cfg.instances = len(cfg.endpoints)
         cfg.backend = "live" if cfg.live else "sim"
+        if cfg.load_workers is None:
+            cfg.load_workers = (auto_load_workers(cfg.rate_per_s, os.cpu_count() or 1)
+                                if cfg.live and not cfg.stream_workers else 0)
         label = workload_label(cfg)
         for name in cfg.routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
             if name in LEARNED_ROUTERS and "checkpoint" not in cfg.router_options.get(name, {}):
@@ -172,6 +198,12 @@ class RunConfig:
             raise ConfigError("launch new servers or attach to running ones, not both", "launch_model")
         if self.stream_workers < 0:
             raise ConfigError(f"{self.stream_workers}: must be >= 0", "stream_workers")
+        if self.load_workers is not None and self.load_workers < 0:
+            raise ConfigError(f"{self.load_workers}: must be >= 0", "load_workers")
+        if self.load_workers and self.stream_workers:
+            raise ConfigError("choose load workers or stream workers, not both", "load_workers")
+        if not 0 <= self.send_lead_s <= 1:
+            raise ConfigError(f"{self.send_lead_s}: must be between 0 and 1 second", "send_lead_s")
         if self.cpus_per_instance is not None and not self.launch_model:
             raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
         if self.api not in APIS:

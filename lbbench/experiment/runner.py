@@ -100,6 +100,8 @@ class UnitResult:
     #: per-instance samples: (time_s, instance, running, waiting, kv_usage, preemptions[, prefix hit rate])
     timeline: Sequence[tuple] | pl.DataFrame = ()
     complete: bool = True
+    #: more per-record columns, in ``records`` order (live load workers: ``load_worker``, ``clock_offset_s``)
+    columns: dict[str, list] = field(default_factory=dict)
 
 
 class Fleet(Protocol):
@@ -219,6 +221,8 @@ class LiveFleet:
     reporter: Reporter
     specs: list[InstanceSpec] = field(default_factory=list)
     num_instances: int = 0
+    #: load workers of each unit (clock offset, lag), for run.toml
+    worker_rows: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_instances = len(self.endpoints)
@@ -243,8 +247,18 @@ class LiveFleet:
                          request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
                          priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
                          scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
-                         stream_workers=cfg.stream_workers,
+                         stream_workers=cfg.stream_workers, load_workers=cfg.load_workers or 0,
+                         ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
                          progress=lambda done, total: reporter.unit_progress(unit.label, done, total))
+        if res.load_workers:
+            self.worker_rows += [{"unit": unit.label, **row} for row in res.load_workers]
+            reporter.note(f"{unit.label}: " + "; ".join(
+                f"load worker {w['worker']} ({w['requests']} requests): clock offset {w['clock_offset_ms']:+.3f} ms "
+                f"(+/- {w['clock_error_ms']:.3f}), dispatch lag p50 {_ms(w['lag_p50_ms'])} p99 {_ms(w['lag_p99_ms'])}"
+                for w in res.load_workers))
+        if res.interrupted and res.interrupted.startswith("load worker"):
+            reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {len(res.records)} finished requests "
+                          "are kept", warning=True)
         if self._prompt_texts:
             from ..harness.text_prompts import prompt_length_mismatches
             bad = prompt_length_mismatches(res.records)
@@ -252,7 +266,19 @@ class LiveFleet:
                 reporter.note(f"{bad} of {len(res.records)} requests of {unit.label} reached the server with "
                               "another prompt length than asked (text prompts; give a tokenizer for exact "
                               "lengths)", warning=True)
-        return UnitResult(res.records, res.metrics, res.complete)
+        return UnitResult(res.records, res.metrics, res.complete, res.record_columns)
+
+    def _ray_connected(self) -> bool:
+        """Join the Ray cluster of ``ray_address`` when load workers are to run there."""
+        if not (self.cfg.ray_address and self.cfg.load_workers):
+            return False
+        from ..distributed.ray_cluster import connect
+        connect(self.cfg.ray_address)
+        return True
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} ms"
 
 
 @dataclass
@@ -262,6 +288,7 @@ class LiveBackend:
     run_dir: RunDir | None
     reporter: Reporter
     launched: list[str] = field(default_factory=list)
+    worker_rows: list[dict] = field(default_factory=list)
     #: the launched servers' cores and the client's (``Placement.as_dict``), for run.toml
     placement: dict | None = None
 
@@ -271,7 +298,7 @@ class LiveBackend:
         if cfg.endpoints:
             from ..harness.replay import check_endpoints
             yield LiveFleet(cfg, self.profile, variant, self.run_dir, check_endpoints(cfg.endpoints),
-                            self.reporter)
+                            self.reporter, worker_rows=self.worker_rows)
             return
         from ..engines.vllm.launcher import launch
         tag = "default" if variant.chunked_prefill is None else ("on" if variant.chunked_prefill else "off")
@@ -285,7 +312,8 @@ class LiveBackend:
             self.placement = getattr(eps, "placement", None) and eps.placement.as_dict()
             if self.placement is not None and self.run_dir is not None:
                 self.run_dir.note(placement=self.placement)
-            yield LiveFleet(cfg, self.profile, variant, self.run_dir, list(eps), self.reporter)
+            yield LiveFleet(cfg, self.profile, variant, self.run_dir, list(eps), self.reporter,
+                            worker_rows=self.worker_rows)
 
 
 def backend_for(cfg: RunConfig, profile: Profile, run_id: str, run_dir: RunDir | None,
@@ -343,7 +371,10 @@ def iter_units(cfg: RunConfig, profile: Profile, backend: Backend, reporter: Rep
                     reporter.unit_started(unit.label, len(reqs))
                     res = fleet.run(unit, reqs, router, reporter)
                     reporter.unit_finished(unit.label)
-                    yield (unit, records_frame(res.records, cols),
+                    frame = records_frame(res.records, cols)
+                    if res.columns:
+                        frame = frame.with_columns([pl.Series(k, v) for k, v in res.columns.items()])
+                    yield (unit, frame,
                            timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete)
                     if not res.complete:
                         return
@@ -432,6 +463,8 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
         if own_executor:
             executor.close()
     extra: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 3)}
+    if isinstance(backend, LiveBackend) and backend.worker_rows:
+        extra["load_workers"] = backend.worker_rows
     if not cfg.live and executor is not None:
         extra.update(executor.describe())
     if failure is not None:
