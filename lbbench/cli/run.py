@@ -111,7 +111,8 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
         engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
-        stream_workers=kw["stream_workers"], cpus_per_instance=kw["cpus_per_instance"],
+        stream_workers=kw["stream_workers"], load_workers=_load_workers(kw.get("load_workers", "auto")),
+        send_lead_s=kw.get("send_lead", 0.02), ray_address=kw.get("ray_address"), cpus_per_instance=kw["cpus_per_instance"],
     )
 
 
@@ -194,6 +195,14 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--stream-workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Live runs: worker processes that send and read the streams, leaving the dispatcher's process "
                    "only the schedule and the decisions (0: one process).")
+@click.option("--load-workers", default="auto", show_default=True, metavar="auto|N",
+              help="Live runs: processes (Ray actors with --ray) that send each request at its planned time, on "
+                   "this process's clock through a measured clock offset, and read the streams; the routers still "
+                   "decide here. auto: none below 40 req/s or on one core, else one per 1,000 req/s, leaving this "
+                   "process a core.")
+@click.option("--send-lead", type=float, default=0.02, show_default=True,
+              help="Live runs with load workers: seconds before an arrival that the router decides it and hands it "
+                   "to its worker.")
 @click.option("--timeline-interval", type=float, default=1.0, show_default=True,
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
 @_trace_options_decorator
@@ -219,9 +228,11 @@ def run_cmd(**kw: Any) -> None:
     total = len(plan_all(cfg))
     ray_address = kw["ray_address"]
     if ray_address is not None and cfg.live:
-        err_console.print("note: --ray distributes simulated units (and load workers); this live run replays "
-                          "from this process", highlight=False, soft_wrap=True)
-        ray_address = None
+        if not cfg.load_workers:
+            err_console.print("note: --ray runs simulated units and load workers; this live run has no load "
+                              "workers (--load-workers N) and replays from this process", highlight=False,
+                              soft_wrap=True)
+        ray_address = None  # the load workers join the cluster from the runner (RunConfig.ray_address)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err_console, transient=True)
     executor = None if cfg.live else get_executor(cfg.jobs if total > 1 else 1, ray_address)
@@ -264,6 +275,19 @@ def _say_rejections(path: Path, profile: Any) -> None:
         first = other["error"][0].splitlines()[0][:160]
         err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
                           f"in {path} with its error", highlight=False, soft_wrap=True)
+
+
+def _load_workers(value: str) -> int | None:
+    """``auto`` -> None (chosen from the rate and the cores); else a count >= 0."""
+    if str(value).strip().lower() == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"{value!r}: give a worker count >= 0 or auto", "load_workers")
+    return n
 
 
 def _rates(value: str | None) -> list[float]:
