@@ -114,17 +114,20 @@ def attainment_png(plan: Plan) -> bytes:
         xs = sorted(o.points)
         ys = [o.points[n]["attainment"] or 0.0 for n in xs]
         top = max(top, *xs)
-        size = 4 + 2.5 * (count - 1 - i)  # earlier lines drawn larger, so points that coincide stay visible
+        size = 4 + min(6.0, 1.5 * (count - 1 - i))  # earlier lines larger: coinciding points stay visible
+        color = f"C{i % 10}"
         if o.result is not None:
             label += f": {o.result.instances}"
-        (line,) = ax.plot(xs, ys, marker=markers[i % len(markers)], ms=size, label=label, zorder=2 + i)
+        ax.plot(xs, ys, marker=markers[i % len(markers)], ms=size, label=label, color=color, zorder=2 + i)
         if o.result is not None:
             ax.plot([o.result.instances], [o.result.attainment], marker="o", ms=size + 8, mfc="none",
-                    mec=line.get_color(), mew=2, zorder=2 + i)
+                    mec=color, mew=2, zorder=2 + i)
     ax.axhline(plan.config["attainment"], ls="--", color="0.4", lw=1,
                label=f"target {100 * plan.config['attainment']:g} %")
     if top > 16:
+        from matplotlib.ticker import FormatStrFormatter
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     else:
         ax.set_xticks(range(1, top + 1))
     ax.set_xlabel("instances")
