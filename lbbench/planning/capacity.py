@@ -126,6 +126,8 @@ class Plan:
     config: dict[str, Any]
     complete: bool
     wall_s: float
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per derived profile: its step-time coefficients, KV capacity and ``[source]`` (where each number came from)."""
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -287,7 +289,17 @@ def plan_capacity(cfg: PlanConfig, *, note: Callable[[str], None] = lambda m: No
         raise PlanError(f"{cfg.max_instances} instances are not enough for {label}: {o.not_met}; raise it, or "
                         "relax the SLO or the attainment target", "max_instances")
     rows = [row_of(o, prices, cfg.price_file) for o in outcomes if o.result is not None]
-    return Plan(rows, outcomes, skipped, config_record(cfg), complete, time.perf_counter() - t0)
+    profiles = {t.profile.name: profile_record(t.profile) for t in tasks}
+    return Plan(rows, outcomes, skipped, config_record(cfg), complete, time.perf_counter() - t0, profiles)
+
+
+def profile_record(p: Profile) -> dict[str, Any]:
+    """A derived profile's numbers and sources, for ``plan.json``."""
+    return {"hardware": p.hardware, "base_s": p.base_s, "prefill_token_s": p.prefill_token_s,
+            "decode_seq_s": p.decode_seq_s, "context_token_s": p.context_token_s,
+            "kv_capacity_tokens": p.kv_capacity_tokens, "max_num_seqs": p.max_num_seqs,
+            "max_num_batched_tokens": p.max_num_batched_tokens, "chunked_prefill": p.chunked_prefill,
+            "physics": dict(p.physics), "source": dict(p.source)}
 
 
 def config_record(cfg: PlanConfig) -> dict[str, Any]:

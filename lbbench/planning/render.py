@@ -40,7 +40,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
               for o in plan.outcomes for n, p in o.points.items()]
     return {"config": plan.config, "what": WHAT, "complete": plan.complete, "wall_s": round(plan.wall_s, 3),
             "rows": [{k: _clean(v) for k, v in r.items()} for r in plan.rows], "skipped": plan.skipped,
-            "points": points}
+            "points": points, "profiles": plan.profiles}
 
 
 def to_json(plan: Plan) -> str:

@@ -129,3 +129,11 @@ def test_jobs_and_serial_give_the_same_rows(priced):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.stdout)["rows"]
     assert [{k: v for k, v in r.items() if not k.startswith("usd")} for r in doc["rows"]] == rows
+
+
+def test_plan_json_cites_each_derived_profile(priced):
+    doc, _ = priced
+    assert {r["profile"] for r in doc["rows"]} == set(doc["profiles"])
+    for prof in doc["profiles"].values():
+        assert prof["base_s"] > 0 and prof["kv_capacity_tokens"] > 0
+        assert "lbbench profile derive" in prof["source"]["method"]
