@@ -39,7 +39,7 @@ from .search import SearchResult, TargetNotMetError, min_instances
 
 #: the columns of a plan row, in order (``usd_*`` only with prices)
 ROW_COLUMNS: tuple[str, ...] = (
-    "gpu", "tp", "router", "instance_scheduler", "instances", "attainment", "attainment_at_fewer",
+    "gpu", "tp", "router", "instance_scheduler", "instances", "gpus", "attainment", "attainment_at_fewer",
     "goodput_per_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "mean_tbt_s", "tokens_per_s",
     "completed", "failed", "monotone", "evaluations", "profile",
 )
@@ -182,7 +182,8 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
     res = outcome.result
     assert res is not None
     at = outcome.points[res.instances]
-    row: dict[str, Any] = {**outcome.key, "instances": res.instances, "attainment": res.attainment,
+    row: dict[str, Any] = {**outcome.key, "instances": res.instances, "gpus": res.instances * outcome.key["tp"],
+                           "attainment": res.attainment,
                            "attainment_at_fewer": res.attainment_at_fewer}
     row.update({c: at[c] for c in POINT_COLUMNS if c != "attainment"})
     row.update(monotone=res.monotone, evaluations=len(res.points), profile=outcome.profile)

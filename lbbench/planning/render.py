@@ -20,12 +20,13 @@ WHAT = ("Profiles are physics-derived (lbbench profile derive's roofline from th
 
 _HEADERS = {
     "gpu": "GPU", "tp": "TP", "router": "router", "instance_scheduler": "scheduler", "instances": "instances",
+    "gpus": "GPUs",
     "attainment": "attainment", "attainment_at_fewer": "at n-1", "goodput_per_s": "goodput/s",
     "mean_e2e_s": "mean E2E (s)", "p99_e2e_s": "p99 E2E (s)", "mean_ttft_s": "mean TTFT (s)",
     "p99_ttft_s": "p99 TTFT (s)", "mean_tbt_s": "mean TBT (s)", "usd_per_hour": "USD/h",
     "usd_per_million_tokens": "USD/M tokens",
 }
-_SHOWN = ("gpu", "tp", "router", "instance_scheduler", "instances", "attainment", "attainment_at_fewer",
+_SHOWN = ("gpu", "tp", "router", "instance_scheduler", "instances", "gpus", "attainment", "attainment_at_fewer",
           "goodput_per_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s")
 
 

@@ -35,6 +35,7 @@ def test_json_rows_have_the_documented_columns_and_types(priced):
     for row in doc["rows"]:
         assert list(row) == [*ROW_COLUMNS, *PRICE_COLUMNS]
         assert isinstance(row["instances"], int) and row["instances"] >= 1 and row["tp"] == 1
+        assert row["gpus"] == row["instances"] * row["tp"]
         assert row["router"] == "jsq" and isinstance(row["monotone"], bool)
         assert 0.95 <= row["attainment"] <= 1 and 0 <= row["attainment_at_fewer"] < 0.95
         for col in ("goodput_per_s", "mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "tokens_per_s"):
@@ -137,3 +138,10 @@ def test_plan_json_cites_each_derived_profile(priced):
     for prof in doc["profiles"].values():
         assert prof["base_s"] > 0 and prof["kv_capacity_tokens"] > 0
         assert "lbbench profile derive" in prof["source"]["method"]
+
+
+def test_html_to_stdout_without_out():
+    res = _invoke([*BASE, "--requests", "100", "--gpu", "h100", "--format", "html"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("<!DOCTYPE html>") and "data:image/png;base64," in res.stdout
+    assert "h100" in res.stdout and "physics-derived" in res.stdout
