@@ -50,6 +50,8 @@ class Dispatcher:
         self._on_event = getattr(router, "on_event", None)
         self.num_decisions = 0
         self.num_deferrals = 0
+        #: the dispatches decided so far in the epoch in progress (the backend sends them when it ends)
+        self.decided: list[tuple[Request, int]] = []
 
     @property
     def queue(self) -> Sequence[Request]:
@@ -77,6 +79,7 @@ class Dispatcher:
     def decide(self, now_s: float) -> list[tuple[Request, int]]:
         """Run one decision epoch; returns ``(request, instance)`` dispatches."""
         out: list[tuple[Request, int]] = []
+        self.decided = out
         queue = self._queue
         n_inst = self.state.num_instances
         while queue and (self.max_per_epoch is None or len(out) < self.max_per_epoch):

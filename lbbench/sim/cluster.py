@@ -159,6 +159,12 @@ class ClusterSim:
     def view(self) -> ClusterView:
         return self.dispatcher.view()
 
+    def clone(self) -> "ClusterSim":
+        """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,
+        dispatcher queue, cluster state and counters are copied; profile and requests are shared."""
+        from .fork import fork
+        return fork(self)
+
     # ------------------------------------------------------------------ routing
     def dispatch(self, queue_index: int, instance: int) -> None:
         """Route ``queue[queue_index]`` to ``instance`` now (step-wise driving)."""
@@ -238,6 +244,9 @@ class ClusterSim:
         ``label`` (default: the router's own name)."""
         self.router_name = label or router.name
         self.dispatcher = Dispatcher(router, self.state)
+        bind = getattr(router, "bind_simulator", None)
+        if bind is not None:  # an oracle planner forks the simulator at its decisions
+            bind(self)
         self._auto = True
         self._progress = progress
         while not self.done and self._has_events():

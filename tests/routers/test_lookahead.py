@@ -1,0 +1,132 @@
+"""The oracle planner ``lookahead`` and the simulator forks it relies on."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lbbench.dispatch import Dispatcher
+from lbbench.routers import get_router
+from lbbench.routers.lookahead import LookaheadRouter, PlannerError, plan_action
+from lbbench.sim.cluster import ClusterSim
+from tests.factories import req, tiny_profile
+
+workloads = st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=8)
+
+
+def _requests(rows):
+    rows = sorted(rows, key=lambda r: r[0])
+    return [req(i, t, p, o) for i, (t, p, o) in enumerate(rows)]
+
+
+def _mean_e2e(records) -> float:
+    return float(np.mean([r.finish_s - r.arrival_s for r in records]))
+
+
+def _key(rec):
+    return (rec.request_id, rec.instance, rec.dispatch_s, rec.first_token_s, rec.finish_s, rec.generated_tokens,
+            rec.num_preemptions, rec.tbt_mean_s, rec.tbt_p99_s, rec.tbt_max_s, rec.error)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=workloads, cut=st.integers(0, 60), router=st.sampled_from(["jsq", "late_binding_srpt"]))
+def test_a_fork_run_to_completion_gives_the_original_records(rows, cut, router):
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = _requests(rows)
+    sim = ClusterSim(profile, 2, reqs, check_invariants=True)
+    r = get_router(router, num_instances=2, profile=profile)
+    sim.dispatcher = Dispatcher(r, sim.state)
+    sim._auto = True
+    for _ in range(cut):
+        if sim.done or not sim._has_events():
+            break
+        sim._step_event()
+    fork = sim.clone()
+    fork.dispatcher.router = copy.deepcopy(r)
+    fork.dispatcher._on_event = getattr(fork.dispatcher.router, "on_event", None)
+    for s in (fork, sim):  # the fork first: running it must leave the original untouched
+        while not s.done and s._has_events():
+            s._step_event()
+    assert sorted(map(_key, fork.records)) == sorted(map(_key, sim.records))
+    assert len(sim.records) == len(reqs)
+
+
+def test_a_fork_does_not_share_mutable_state():
+    profile = tiny_profile()
+    sim = ClusterSim(profile, 2, [req(0, 0.0, 8, 20), req(1, 0.0, 8, 20)])
+    sim.advance(0.0)
+    sim.dispatch(0, 0)
+    fork = sim.clone()
+    assert fork.instances[0].reqs.keys() == sim.instances[0].reqs.keys() == {0}
+    assert fork.instances[0].reqs[0] is not sim.instances[0].reqs[0]
+    fork.dispatch(0, 1)
+    fork.advance(1.0)
+    assert len(fork.records) == 2 and not sim.records
+    assert len(sim.queue) == 1 and sim.now_s == 0.0
+    assert sim.instances[1].num_waiting + sim.instances[1].num_running == 0
+    assert sim.state.view().instances[1].num_outstanding == 0
+    assert sim.instances[0].reqs[0].generated == 0
+
+
+def _unit_profile():
+    # every step takes exactly 10 ms and an instance runs one request at a time: a request of output L
+    # occupies its instance for L steps (the prefill step makes the first token)
+    return tiny_profile(base_s=0.01, prefill_token_s=0.0, decode_seq_s=0.0, context_token_s=0.0, max_num_seqs=1)
+
+
+def test_hand_case_planner_keeps_short_requests_off_the_long_ones_instance():
+    """2 instances, all at t=0 in this order: A (10 tokens), B (100), C (10), D (10). Round robin alternates:
+    A and C on instance 0 (E2E 0.1 and 0.2 s), B and D on 1 (1.0 and 1.1 s): mean 2.4 / 4. The planner
+    with exact rollouts of a round-robin base (a fresh one per rollout, so its next pick is instance 0)
+    ties on A (to 0), sends B to 1 (B to 0 would cost 2.5), ties on C (to 0), and sends D behind C on 0
+    instead of behind B: A 0.1, B 1.0, C 0.2, D 0.3 s, mean 1.6 / 4."""
+    profile = _unit_profile()
+    reqs = [req(0, 0.0, 4, 10), req(1, 0.0, 4, 100), req(2, 0.0, 4, 10), req(3, 0.0, 4, 10)]
+    rr = ClusterSim(profile, 2, reqs).run(get_router("round_robin", num_instances=2, profile=profile))
+    assert _mean_e2e(rr) == pytest.approx(2.4 / 4)
+    planner = LookaheadRouter(num_instances=2, profile=profile, base="round_robin", horizon_s="done", refresh_s=0)
+    recs = ClusterSim(profile, 2, reqs).run(planner)
+    e2e = {r.request_id: r.finish_s - r.arrival_s for r in recs}
+    assert e2e == pytest.approx({0: 0.1, 1: 1.0, 2: 0.2, 3: 0.3})
+    assert [r.instance for r in sorted(recs, key=lambda r: r.request_id)] == [0, 1, 0, 0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=workloads, base=st.sampled_from(["round_robin", "jsq", "gate"]), reorder=st.booleans())
+def test_exact_rollouts_are_never_worse_than_the_base_policy(rows, base, reorder):
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = _requests(rows)
+    planner = LookaheadRouter(num_instances=2, profile=profile, base=base, horizon_s=math.inf, refresh_s=0,
+                              reorder=reorder)
+    planned = ClusterSim(profile, 2, reqs).run(planner)
+    from lbbench.routers.lookahead import make_base
+    ref = ClusterSim(profile, 2, reqs).run(make_base(base, 2, 0, profile))
+    assert _mean_e2e(planned) <= _mean_e2e(ref) + 1e-9
+
+
+def test_plan_action_is_pure_and_matches_the_router():
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = [req(i, 0.01 * i, 10 + 3 * i, 30 - 2 * i) for i in range(6)]
+    sim = ClusterSim(profile, 2, reqs)
+    sim.advance(0.05)
+    before = (len(sim.queue), sim.now_s, [len(i.reqs) for i in sim.instances])
+    a = plan_action(sim, horizon_s=math.inf, base="jsq")
+    assert a is None or (0 <= a.queue_index < len(sim.queue) and 0 <= a.instance < 2)
+    assert (len(sim.queue), sim.now_s, [len(i.reqs) for i in sim.instances]) == before
+    assert plan_action(sim, horizon_s=math.inf, base="jsq") == a
+
+
+def test_unbound_planner_and_bad_options_name_the_problem():
+    profile = tiny_profile()
+    r = LookaheadRouter(num_instances=2, profile=profile)
+    with pytest.raises(PlannerError, match="only on the simulator"):
+        r.route([req(0, 0.0, 4, 4)], ClusterSim(profile, 2, []).view(), 0.0)
+    with pytest.raises(PlannerError, match="horizon_s"):
+        LookaheadRouter(num_instances=2, profile=profile, horizon_s=-1)
+    with pytest.raises(PlannerError, match="unknown option"):
+        LookaheadRouter(num_instances=2, profile=profile, depth=3)
