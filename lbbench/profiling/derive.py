@@ -214,8 +214,10 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
                                f"{REFERENCE_PROMPT_TOKENS}-token prompt) / ({eff.prefill_mfu:g} x "
                                f"{peak / 1e12:g} TFLOP/s)",
             "decode_seq_s": f"least-squares slope over batch 1..{engine.max_num_seqs} of the decode roofline's "
-                            f"compute excess ({per_seq_compute_s * 1e6:.1f} us of compute per sequence at MFU "
-                            f"{eff.prefill_mfu:g} against {mem_s * 1e3:.2f} ms of weight reads)",
+                            f"excess over the weight read ({per_seq_compute_s * 1e6:.1f} us of compute per sequence "
+                            f"at MFU {eff.prefill_mfu:g} against {mem_s * 1e3:.2f} ms of weight reads, "
+                            + ("hard maximum)" if math.isinf(eff.roofline_sharpness)
+                               else f"soft maximum of sharpness {eff.roofline_sharpness:g})"),
             "context_token_s": f"{kv_token_bytes / 1024:.0f} KiB of K and V per token per GPU / "
                                f"({eff.kv_bw_util:g} x {bw / 1e9:g} GB/s)",
             "num_kv_blocks": f"as vLLM's profiler: {gpu.memory_gib:g} GiB x {engine.gpu_memory_utilization:g} "
