@@ -196,7 +196,7 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
 # ------------------------------------------------------------------------------------------------ the plan
 
 
-def derived_profile(model: Any, gpu: Any, tp: int, dtype: str, cfg: RunConfig) -> Profile:
+def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
     """The profile ``lbbench profile derive`` would write, held in memory. ``DeriveError`` when it cannot run."""
     from ..profiles import profile_from_dict
     from ..profiling.derive import DeriveError, derive_profile
@@ -231,7 +231,7 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
     for gpu in gpus:
         for tp in cfg.tps:
             try:
-                profile = derived_profile(model, gpu, tp, cfg.dtype, run)
+                profile = derived_profile(model, gpu, tp, cfg.dtype)
             except DeriveError as exc:
                 skipped.append(f"skipping {gpu.name} at TP {tp}: {str(exc).splitlines()[0]}")
                 continue

@@ -90,6 +90,7 @@ def test_table_format_and_a_model_that_does_not_fit_is_skipped_with_one_line():
     (["--price-file", "missing.toml"], "--price-file", "no such file"),
     (["--gpu", "l4", "--max-instances", "1"], "--max-instances", "1 instances are not enough for l4 TP 1"),
     (["--gpu", "l4", "--model", "llama-3.1-70b"], "--gpu", "fits none"),
+    (["--tp", "3"], "--gpu", "32 attention heads (8 KV heads) do not split over TP 3"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, flag, problem):
     opts = dict(zip(BASE[1::2], BASE[2::2]))
