@@ -146,3 +146,13 @@ def test_html_to_stdout_without_out():
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith("<!DOCTYPE html>") and "data:image/png;base64," in res.stdout
     assert "h100" in res.stdout and "physics-derived" in res.stdout
+
+
+def test_each_router_gets_its_own_row(tmp_path):
+    res = _invoke([*BASE, "--requests", "150", "--gpu", "l4", "--router", "jsq,round_robin", "--format", "json",
+                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["gpu"], r["router"]) for r in rows] == [("l4", "jsq"), ("l4", "round_robin")]
+    assert all(r["attainment"] >= 0.95 > r["attainment_at_fewer"] for r in rows)
+    assert (tmp_path / "plan.png").is_file()
