@@ -150,6 +150,8 @@ class ReplayResult:
     load_workers: list[dict] = field(default_factory=list)
     #: load workers: per-record columns in ``records`` order (``load_worker``, ``clock_offset_s``)
     record_columns: dict[str, list] = field(default_factory=dict)
+    #: request id -> when this process learnt that the request failed (run clock; failed records have no finish)
+    failure_times: dict[int, float] = field(default_factory=dict)
 
 
 class _Replay:
@@ -197,6 +199,7 @@ class _Replay:
         self.state = self.drive.state
         self.records: list[RequestRecord] = []
         self.token_times: dict[int, list[float]] = {}
+        self.failure_times: dict[int, float] = {}
         self.metric_rows: list[tuple] = []
         self.arrived_at: dict[int, float] = {}
         self.in_flight: set[asyncio.Task] = set()
@@ -262,7 +265,7 @@ class _Replay:
         res = ReplayResult(records=self.records, metrics=metrics, complete=complete,
                            token_times=self.token_times, interrupted=self.interrupted,
                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
-                           model=self.model, clock_origin_s=self.drive.t0)
+                           model=self.model, clock_origin_s=self.drive.t0, failure_times=self.failure_times)
         if self.lw is not None:
             from ..live.load_workers import worker_summary
             res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec)
@@ -399,6 +402,7 @@ class _Replay:
                              res.generated_tokens))
         else:
             observe(Failed(rid, inst, now, res.error))
+            self.failure_times[rid] = now
             if res.connection_error:
                 self.drive.mark_down(inst)
         self._record(req, inst, dispatch_s, planned_s, res)

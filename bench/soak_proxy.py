@@ -1,0 +1,248 @@
+"""Soak: a long streaming replay through `lbbench proxy` while its backends are killed and restarted.
+
+Four emulated A100 instances (`lbbench serve-sim --instances 1 --profile llama3.1-8b-a100`, each its own process
+on its own port) behind `lbbench proxy --router least_requests` (its own process). This process replays a
+streaming Poisson workload through the proxy (one endpoint) at ``--rate`` (80 req/s) for ``--minutes`` (30),
+with the load workers `lbbench run` picks by default (``auto_load_workers``). Every ``--kill-every`` minutes (5)
+one backend, in turn, is killed (SIGKILL) — just before, the proxy's in-flight gauge for it is read — and started
+again on the same port ``--down`` seconds later.
+
+Reports:
+- records: requests sent, recorded, recorded twice (must be 0);
+- failures, and whether each is explained: a failed request must have been sent before a kill and not finished
+  by then (in flight when a backend died); per kill, the failures it explains against the proxy's in-flight
+  gauge of the killed backend; failures explained by no kill (target: 0);
+- RSS over time of the proxy process and of the client (this process plus its load workers), from
+  ``/proc/PID/status``, and the growth from the first sample to the last (target: <= 50 MB over 30 minutes).
+
+A summary is written to ``--out`` (JSON) with every sample and kill.
+
+    python bench/soak_proxy.py [--minutes 30] [--kill-every 5] [--rate 80] [--sample-every 30] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_proxy import wait_healthy  # noqa: E402
+
+from lbbench.core import Request  # noqa: E402
+from lbbench.engines.vllm.emulator import free_port, free_port_range  # noqa: E402
+from lbbench.experiment.config import auto_load_workers  # noqa: E402
+from lbbench.harness.replay import run_replay  # noqa: E402
+from lbbench.routers import get_router  # noqa: E402
+
+LB = [sys.executable, "-m", "lbbench.cli"]
+PROFILE = "llama3.1-8b-a100"
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of one process (MB), 0 when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    m = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) / 1024 if m else 0.0
+
+
+def in_flight(gateway: str, backend: str) -> int:
+    try:
+        text = urllib.request.urlopen(gateway + "/metrics", timeout=5).read().decode()
+    except OSError:
+        return -1
+    m = re.search(r'lbbench_proxy_backend_in_flight\{backend="' + re.escape(backend) + r'"\} (\d+)', text)
+    return int(m.group(1)) if m else -1
+
+
+def start_backend(port: int) -> subprocess.Popen:
+    return subprocess.Popen(LB + ["serve-sim", "--instances", "1", "--profile", PROFILE, "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def workload(rate: float, minutes: float, seed: int) -> list[Request]:
+    rng = np.random.default_rng(seed)
+    n = int(rate * minutes * 60)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    prompt = rng.integers(64, 513, n)
+    out = rng.integers(32, 257, n)
+    return [Request(i, float(t[i]), int(prompt[i]), int(out[i])) for i in range(n)]
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        base = free_port_range(4)
+        self.ports = [base + i for i in range(4)]
+        self.backends = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.procs = [start_backend(p) for p in self.ports]
+        for u in self.backends:
+            wait_healthy(u)
+        gw_port = free_port()
+        cmd = LB + ["proxy", "--port", str(gw_port), "--router", "least_requests"]
+        for u in self.backends:
+            cmd += ["--endpoint", u]
+        self.proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.gateway = f"http://127.0.0.1:{gw_port}"
+        wait_healthy(self.gateway)
+        self.kills: list[dict] = []
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+        self.t_start = time.monotonic()
+
+    def client_pids(self) -> list[int]:
+        return [os.getpid()] + [p.pid for p in multiprocessing.active_children() if p.name.startswith("lbbench-")]
+
+    def sample(self) -> None:
+        pids = self.client_pids()
+        self.samples.append({"t_s": round(time.monotonic() - self.t_start, 1),
+                             "proxy_rss_mb": round(rss_mb(self.proxy.pid), 1),
+                             "client_rss_mb": round(sum(rss_mb(p) for p in pids), 1),
+                             "client_processes": len(pids)})
+
+    def chaos(self) -> None:
+        """Sample RSS every ``sample_every`` s; kill and restart one backend every ``kill_every`` minutes."""
+        a = self.args
+        next_kill = self.t_start + a.kill_every * 60
+        next_sample = self.t_start
+        k = 0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now >= next_sample:
+                self.sample()
+                next_sample += a.sample_every
+            if now >= next_kill:
+                i = k % 4
+                gauge = in_flight(self.gateway, self.backends[i])
+                self.procs[i].send_signal(signal.SIGKILL)
+                at = time.monotonic()
+                self.procs[i].wait(10)
+                self.kills.append({"backend": i, "url": self.backends[i], "at_monotonic_s": at,
+                                   "in_flight_before": gauge})
+                time.sleep(a.down)
+                self.procs[i] = start_backend(self.ports[i])
+                try:
+                    wait_healthy(self.backends[i], 60)
+                    self.kills[-1]["back_after_s"] = round(time.monotonic() - at, 2)
+                except RuntimeError:
+                    self.kills[-1]["back_after_s"] = None
+                k += 1
+                next_kill += a.kill_every * 60
+            self.stop.wait(0.2)
+
+    def close(self) -> None:
+        self.stop.set()
+        for p in [self.proxy, *self.procs]:
+            p.terminate()
+        for p in [self.proxy, *self.procs]:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def explain(records: list, kills: list[dict], origin_s: float, failure_times: dict[int, float]) -> dict:
+    """Attribute each failure to a kill it was in flight for: sent before the kill, its failure seen after it
+    (the first such kill); a failure no kill explains is reported."""
+    kill_run_s = [k["at_monotonic_s"] - origin_s for k in kills]
+    per_kill = [0] * len(kills)
+    unexplained = []
+    for r in records:
+        if r.error is None:
+            continue
+        sent = r.actual_send_s if r.actual_send_s is not None else r.arrival_s
+        failed = failure_times.get(r.request_id, float("inf"))
+        hit = [j for j, t in enumerate(kill_run_s) if sent <= t <= failed]
+        if hit:
+            per_kill[hit[0]] += 1
+        else:
+            unexplained.append({"request_id": r.request_id, "actual_send_s": sent, "failed_s": failed,
+                                "error": r.error[:160]})
+    return {"per_kill": per_kill, "unexplained": unexplained}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--kill-every", type=float, default=5.0, help="minutes between backend kills")
+    ap.add_argument("--down", type=float, default=2.0, help="seconds a killed backend stays down")
+    ap.add_argument("--rate", type=float, default=80.0)
+    ap.add_argument("--sample-every", type=float, default=30.0, help="seconds between RSS samples")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="summary JSON (default: a temporary directory)")
+    args = ap.parse_args()
+    reqs = workload(args.rate, args.minutes, args.seed)
+    workers = auto_load_workers(args.rate, os.cpu_count() or 1)
+    soak = Soak(args)
+    chaos = threading.Thread(target=soak.chaos, daemon=True)
+    try:
+        chaos.start()
+        with tempfile.TemporaryDirectory() as tmp:
+            res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id="soak",
+                             seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
+                             request_timeout_s=120.0, stall_timeout_s=60.0)
+        soak.sample()
+    finally:
+        soak.close()
+        chaos.join(5)
+    ids = [r.request_id for r in res.records]
+    failed = [r for r in res.records if r.error is not None]
+    why = explain(res.records, soak.kills, res.clock_origin_s, res.failure_times)
+    first, last = soak.samples[0], soak.samples[-1]
+    summary = {
+        "minutes": args.minutes, "rate_per_s": args.rate, "load_workers": workers, "sent": len(reqs),
+        "recorded": len(ids), "recorded_twice": len(ids) - len(set(ids)), "complete": res.complete,
+        "failed": len(failed), "failed_before_first_token": sum(r.first_token_s is None for r in failed),
+        "failed_unexplained": len(why["unexplained"]), "unexplained": why["unexplained"][:20],
+        "errors": dict(Counter(re.sub(r"\d+", "N", r.error)[:100] for r in failed).most_common(8)),
+        "kills": [{**k, "failures": why["per_kill"][j], "at_run_s": round(k["at_monotonic_s"] - res.clock_origin_s, 2)}
+                  for j, k in enumerate(soak.kills)],
+        "rss": soak.samples,
+        "proxy_rss_growth_mb": round(last["proxy_rss_mb"] - first["proxy_rss_mb"], 1),
+        "client_rss_growth_mb": round(last["client_rss_mb"] - first["client_rss_mb"], 1),
+        "load_worker_lag": res.load_workers,
+    }
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) / "soak.json"
+    out.write_text(json.dumps(summary, indent=1))
+    print(f"soak: {args.minutes:g} min at {args.rate:g} req/s through lbbench proxy (4 x serve-sim {PROFILE}, "
+          f"{workers} load worker(s)); {len(soak.kills)} kills")
+    print(f"records: {len(ids)}/{len(reqs)} recorded, {summary['recorded_twice']} twice, complete {res.complete}")
+    print(f"failures: {len(failed)} ({summary['failed_before_first_token']} before their first token), "
+          f"{summary['failed_unexplained']} not in flight at any kill")
+    for err, n in summary["errors"].items():
+        print(f"  {n} x {err}")
+    for k in summary["kills"]:
+        print(f"  kill of backend {k['backend']} at {k['at_run_s']:.1f} s: gauge read {k['in_flight_before']} in "
+              f"flight just before, {k['failures']} client failures, back after {k['back_after_s']} s")
+    print("RSS (MB) over time: t_s proxy client")
+    for s in soak.samples:
+        print(f"  {s['t_s']:8.1f} {s['proxy_rss_mb']:8.1f} {s['client_rss_mb']:8.1f}")
+    print(f"RSS growth first->last sample: proxy {summary['proxy_rss_growth_mb']:+.1f} MB, client "
+          f"{summary['client_rss_growth_mb']:+.1f} MB (target <= 50 MB over 30 minutes)")
+    for w in res.load_workers:
+        print(f"  load worker {w['worker']}: {w['requests']} requests, dispatch lag p50 {w['lag_p50_ms']:.2f} / "
+              f"p99 {w['lag_p99_ms']:.2f} ms")
+    ok = (len(ids) == len(reqs) == len(set(ids)) and not why["unexplained"]
+          and all(k["failures"] <= max(k["in_flight_before"], 0) + 5 for k in summary["kills"]))
+    print(f"summary: {out}; target (nothing lost, only requests in flight on a killed backend fail): "
+          f"{'met' if ok else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()
