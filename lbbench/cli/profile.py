@@ -168,9 +168,11 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
             prof["source"][f"mixing.{key}"] = "given to derive (--" + key.replace("_", "-") + ")"
     path = write_profile_toml(prof, out)
     if fmt == "json":
+        cited = ("method", "efficiency", "efficiency_assumptions", "efficiency_transfer", "calibration")
         click.echo(json.dumps({"path": str(path), **{k: prof[k] for k in ("step", "kv", "engine", "physics")},
                                "num_params": model.num_params,
-                               "kv_bytes_per_token": model.kv_bytes_per_token(dtype)}, indent=2))
+                               "kv_bytes_per_token": model.kv_bytes_per_token(dtype),
+                               "source": {k: prof["source"][k] for k in cited if k in prof["source"]}}, indent=2))
         return
     s, kv = prof["step"], prof["kv"]
     click.echo(f"{prof['name']}: {model.num_params / 1e9:.2f} B parameters, "

@@ -142,6 +142,11 @@ def test_cli_derive_cites_the_measured_data(tmp_path):
     src = tomllib.loads((tmp_path / "y.toml").read_text())["source"]
     assert "prefill_mfu" not in src["efficiency"].split(" fitted on ")[0]
     assert "roofline_sharpness, weight_bw_util fitted" in src["method"]
+    res = CliRunner().invoke(main, ["profile", "derive", "--model", "llama-3.1-8b", "--gpu", "a100-80gb",
+                                    "--format", "json", "--out", str(tmp_path / "z.toml")])
+    out = json.loads(res.output)
+    assert "commit 7d47513363ec" in out["source"]["efficiency"] and "efficiency_transfer" not in out["source"]
+    assert out["physics"]["prefill_mfu"] == 0.674 and out["physics"]["roofline_sharpness"] == 1.34
 
 
 def test_cli_efficiency_refit_bad_input_one_line_exit_2(tmp_path):
