@@ -223,7 +223,10 @@ def train_rounds(cfg: TrainConfig, out_dir: str | Path | None = None, *, progres
             k += n
         if cfg.bc_episodes:
             rows[-1]["loss"], rows[-1]["q_mean"] = fit(cfg.imitation_updates, 1.0)
-            record(export(state["done"]))
+            pol = export(state["done"])
+            rows[-1]["teacher_disagreement"] = disagreement(pol, demo.obs[:demo.size], demo.mask[:demo.size],
+                                                            demo.action[:demo.size])
+            record(pol)
         for r in range(cfg.dagger_rounds):  # 2. DAgger
             beta = 0.5 ** (r + 1)
             round_("dagger", [EpisodeTask(k + j, seed_of(k + j), beta=beta, label=True)
