@@ -39,6 +39,10 @@ def _placement(urls) -> dict | None:
               help="With --calibrate-on: the router of the calibration replays.")
 @click.option("--calibration-seed", type=int, default=1, show_default=True,
               help="With --calibrate-on: seed of the calibration requests (a spec's seed= wins).")
+@click.option("--ttft-fit", type=click.Choice(["mean", "split"]), default="split", show_default=True,
+              help="How the calibration fits the time to first token: split fits the per-token prefill cost to "
+                   "how TTFT grows with the prompt (longer half against shorter half) and the API overhead to the "
+                   "shorter half (transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
               help="Comma-separated routers to compare.")
 @_load_options
@@ -63,7 +67,8 @@ def _placement(urls) -> dict | None:
 def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...], launch_model: str | None,
                  instances: int, cpus_per_instance: int | None, workload: str, trace: str | None,
                  max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, calibrate_on: str | None,
-                 check_on: tuple[str, ...], calibration_router: str, calibration_seed: int, routers: str,
+                 check_on: tuple[str, ...], calibration_router: str, calibration_seed: int, ttft_fit: str,
+                 routers: str,
                  requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
                  max_error_pct: float | None, vllm_python: str | None, out_dir: str | None, log_dir: str,
                  port_base: int, fmt: str) -> None:
@@ -85,6 +90,7 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
                   defaults={"requests": requests, "rate_per_s": rate, "prompt_tokens": prompt_tokens,
                             "output_tokens": output_tokens},
                   calibration_router=calibration_router, calibration_seed=calibration_seed, repeats=repeats,
+                  ttft_fit=ttft_fit,
                   seed=seed, predictor=predictor, max_error_pct=max_error_pct, vllm_python=vllm_python,
                   out_dir=out_dir, log_dir=log_dir, port_base=port_base, fmt=fmt)
         return
@@ -130,7 +136,7 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
 
 def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], calibrate_on: str,
               check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, defaults: dict,
-              calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str,
+              calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str, ttft_fit: str,
               max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int, fmt: str) -> None:
     from click.core import ParameterSource
 
@@ -173,7 +179,7 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
         t_live = time.perf_counter()
         res = run_transfer(prof, (cal_spec.label, cal_reqs), checks, routers, urls, repeats=repeats, seed=seed,
                            calibration_seed=calibration_seed, calibration_router=calibration_router,
-                           out_dir=out_dir, progress=lambda what: click.echo(f"  {what}", err=True))
+                           out_dir=out_dir, ttft_fit=ttft_fit, progress=lambda what: click.echo(f"  {what}", err=True))
         placement = _placement(urls)
     from ..profiling.residuals import residual_tables
     tables = residual_tables(res.records)
@@ -233,7 +239,8 @@ def _print_transfer(prof, res, tables, repeats: int, placement: dict | None) -> 
         where = (f"; instances on cores {', '.join(placement['instance_cores'])}, client on "
                  f"{placement['client_cores'] if placement['pinned'] else 'shared cores'}")
     t = Table(title=f"fidelity transfer: {prof.name} calibrated x{cal.decode_scale:.3f} decode / "
-                    f"x{cal.prefill_scale:.3f} prefill, {repeats} live repeats{where}")
+                    f"x{cal.prefill_scale:.3f} prefill, API overhead {cal.api_overhead_s * 1e3:.1f} ms "
+                    f"({cal.ttft_fit} TTFT fit), {repeats} live repeats{where}")
     for col in TRANSFER_COLUMNS:
         t.add_column(col, justify="left" if col in ("workload", "router") else "right")
     for row in transfer_rows(res):

@@ -336,6 +336,10 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
               help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
 @click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
 @click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@click.option("--ttft-fit", type=click.Choice(["mean", "split"]), default="mean", show_default=True,
+              help="How the calibration fits the time to first token: split fits the per-token prefill cost to "
+                   "how TTFT grows with the prompt (longer half against shorter half) and the API overhead to the "
+                   "shorter half (transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="runs/calibrate-logs", show_default=True)
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
@@ -343,7 +347,8 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
                   cpus_per_instance: int | None,
                   workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str,
                   output_tokens: str, router: str, requests: int, rate: float, repeats: int, seed: int,
-                  predictor: str, vllm_python: str | None, log_dir: str, port_base: int, out: str) -> None:
+                  predictor: str, vllm_python: str | None, ttft_fit: str, log_dir: str, port_base: int,
+                  out: str) -> None:
     """Fit a measured profile to the regime of a live replay: one factor on the decode-step costs from the mean
     time between tokens, one on the prefill costs from the mean time to first token (end-to-end latency is fitted
     on neither). Validate on other requests with `lbbench fidelity --seed 0`."""
@@ -371,7 +376,8 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
         n = len(urls)
         runs = live_replays(reqs, lambda: make_router(n), urls, prof, repeats=repeats, seed=seed,
                             progress=lambda what: click.echo(f"  {what}", err=True))
-    cal = fit(prof, runs, lambda p: ClusterSim(p, n, reqs, seed=seed, run_id="calibrate-sim").run(make_router(n, p)))
+    cal = fit(prof, runs, lambda p: ClusterSim(p, n, reqs, seed=seed, run_id="calibrate-sim").run(make_router(n, p)),
+              ttft=ttft_fit)
     what = (f"{len(reqs)} requests ({trace or workload}, seed {seed}, {rate:g} req/s), router {router}, "
             f"{n} instance(s), {repeats} replay(s)")
     doc = calibrated_toml(tomllib.loads(path.read_text()), cal, what=what)
@@ -379,7 +385,8 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     write_profile_toml(doc, out)
     click.echo(f"{doc['name']}: decode-step costs x{cal.decode_scale:.3f} (live mean TBT "
                f"{cal.live_mean_tbt_s * 1e3:.2f} ms), prefill costs x{cal.prefill_scale:.3f} (live mean TTFT "
-               f"{cal.live_mean_ttft_s * 1e3:.1f} ms), API overhead {cal.api_overhead_s * 1e3:.2f} ms as measured; "
+               f"{cal.live_mean_ttft_s * 1e3:.1f} ms), API overhead {cal.api_overhead_s * 1e3:.2f} ms "
+               f"({'fitted' if cal.ttft_fit == 'split' else 'as measured'}); "
                f"mean E2E live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s before, "
                f"{cal.sim_after['mean_e2e_s']:.3f} s after")
     click.echo(f"wrote {out}")

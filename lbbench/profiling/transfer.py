@@ -21,7 +21,7 @@ import polars as pl
 
 from ..core import Request, RequestRecord
 from ..profiles import Profile
-from .calibrate import Calibration, fit, scaled
+from .calibrate import Calibration, calibrated, fit
 from .fidelity import RouterFidelity, compare, live_replay, reset_prefix_caches, stats, _records_frame
 
 
@@ -66,13 +66,13 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
                  check_on: Sequence[tuple[str, Sequence[Request]]], routers: Sequence[str],
                  endpoints: Sequence[str], *, repeats: int = 3, seed: int = 0, calibration_seed: int = 1,
                  calibration_router: str = "round_robin", router_options: dict | None = None, out_dir=None,
+                 ttft_fit: str = "mean",
                  progress: Callable[[str], None] = lambda what: None) -> TransferResult:
     """Calibrate on ``calibrate_on`` = (label, requests), check on each of ``check_on`` (label, requests); see the
     module docstring. ``seed`` seeds the routers of the checks, ``calibration_seed`` the calibration's router.
     With ``out_dir``, every record goes to ``out_dir/records.parquet`` (columns ``workload``, ``router``,
     ``source``: sim, sim-uncalibrated or live-K)."""
     from ..routers import get_router
-    from ..sim.cluster import ClusterSim
 
     opts = router_options or {}
     n = len(endpoints)
@@ -98,14 +98,44 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
                                   what=f"live replay of {label} with {name} (repeat {k + 1})")
             live[(label, name)].append(records)
             progress(f"live {label} {name} repeat {k + 1}/{repeats}: mean E2E {stats(records)['mean_e2e_s']:.3f} s")
+    res = evaluate_transfer(profile, calibrate_on, check_on, routers, n, live, seed=seed,
+                            calibration_seed=calibration_seed, calibration_router=calibration_router,
+                            router_options=router_options, ttft_fit=ttft_fit, progress=progress)
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        res.records.write_parquet(Path(out_dir) / "records.parquet")
+    return res
+
+
+def evaluate_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
+                      check_on: Sequence[tuple[str, Sequence[Request]]], routers: Sequence[str], num_instances: int,
+                      live: dict[tuple[str, str], list[list[RequestRecord]]], *, seed: int = 0,
+                      calibration_seed: int = 1, calibration_router: str = "round_robin",
+                      router_options: dict | None = None, ttft_fit: str = "mean",
+                      progress: Callable[[str], None] = lambda what: None) -> TransferResult:
+    """The analysis half of :func:`run_transfer`, on live replays already taken: ``live[(workload, router)]`` is
+    the list of replays (records) of that workload's requests through that router. Fits the calibration on the
+    calibration workload's replays, simulates every workload with the calibrated profile and compares."""
+    from ..routers import get_router
+    from ..sim.cluster import ClusterSim
+
+    opts = router_options or {}
+    n = num_instances
+    labels = [label for label, _ in check_on]
+    cal_label, cal_requests = calibrate_on
+    requests_of = {cal_label: cal_requests, **dict(check_on)}
+
+    def router(name: str, prof: Profile, router_seed: int):
+        return get_router(name, num_instances=n, seed=router_seed, profile=prof, **opts.get(name, {}))
 
     def simulate(prof: Profile, label: str, name: str, rseed: int) -> list[RequestRecord]:
         return ClusterSim(prof, n, requests_of[label], seed=rseed, run_id="transfer-sim").run(router(name, prof, rseed))
 
     cal = fit(profile, live[(cal_label, calibration_router)],
-              lambda p: simulate(p, cal_label, calibration_router, calibration_seed))
-    cal_prof = scaled(profile, cal.prefill_scale, cal.decode_scale)
-    progress(f"calibrated on {cal_label}: decode x{cal.decode_scale:.3f}, prefill x{cal.prefill_scale:.3f}")
+              lambda p: simulate(p, cal_label, calibration_router, calibration_seed), ttft=ttft_fit)
+    cal_prof = calibrated(profile, cal)
+    progress(f"calibrated on {cal_label}: decode x{cal.decode_scale:.3f}, prefill x{cal.prefill_scale:.3f}, "
+             f"API overhead {cal.api_overhead_s * 1e3:.1f} ms ({ttft_fit} TTFT fit)")
     cal_sim = simulate(cal_prof, cal_label, calibration_router, calibration_seed)
     _, (cal_fit,) = compare([calibration_router], {calibration_router: cal_sim},
                             {calibration_router: live[(cal_label, calibration_router)]})
@@ -127,7 +157,4 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
             frames.append(_records_frame(raw[name], name, "sim-uncalibrated").with_columns(w))
             frames += [_records_frame(recs, name, f"live-{k}").with_columns(w) for k, recs in enumerate(lives[name])]
     records = pl.concat(frames, how="diagonal_relaxed")
-    if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        records.write_parquet(Path(out_dir) / "records.parquet")
     return TransferResult(cal_label, cal, cal_prof, cal_fit, checks, records)

@@ -146,3 +146,34 @@ def test_calibrate_wants_a_toml_file():
     res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", "llama3.1-8b-a100", "--out", "x.toml",
                                     "--endpoint", "http://127.0.0.1:9"])
     assert res.exit_code == 2 and "give the measured profile's .toml file" in res.output
+
+
+def test_split_ttft_fit_recovers_a_per_request_overhead_and_the_prefill_factor():
+    """A 'live' engine whose prefill costs are x2.0 the profile's and whose front end adds 30 ms to every request:
+    the split fit finds both (the per-token factor and the intercept), where the mean fit folds the 30 ms into the
+    per-token factor and so overcharges a workload of longer prompts."""
+    from lbbench.profiling.calibrate import calibrated, fit, scaled
+    from lbbench.routers import get_router
+    from lbbench.sim.cluster import ClusterSim
+    from lbbench.workloads import parse_length_spec, poisson
+
+    prof = load_profile("llama3.1-8b-a100")
+    truth = scaled(prof, 2.0, 1.0).with_overrides(api_overhead_s=0.030)
+    short = poisson(200, 4.0, 1, prompt_tokens=parse_length_spec("400:0.8", "prompt_tokens"),
+                    output_tokens=parse_length_spec("64:0.5", "output_tokens"))
+    long_ = poisson(200, 4.0, 2, prompt_tokens=parse_length_spec("3000:0.3", "prompt_tokens"),
+                    output_tokens=parse_length_spec("64:0.5", "output_tokens"))
+
+    def run(p, reqs):
+        return ClusterSim(p, 1, reqs, seed=0, run_id="t").run(get_router("round_robin", num_instances=1, seed=0,
+                                                                          profile=p))
+    live = [run(truth, short)]
+    split = fit(prof, live, lambda p: run(p, short), ttft="split")
+    assert split.prefill_scale == pytest.approx(2.0, rel=0.15)
+    assert split.api_overhead_s == pytest.approx(0.030, abs=0.008)
+    mean = fit(prof, live, lambda p: run(p, short), ttft="mean")
+    assert mean.api_overhead_s == prof.api_overhead_s and mean.prefill_scale > 2.3  # the 30 ms as per-token cost
+    want = stats(run(truth, long_))["mean_ttft_s"]
+    err_split = abs(stats(run(calibrated(prof, split), long_))["mean_ttft_s"] / want - 1)
+    err_mean = abs(stats(run(calibrated(prof, mean), long_))["mean_ttft_s"] / want - 1)
+    assert err_split < 0.1 < err_mean

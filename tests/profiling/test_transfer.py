@@ -95,7 +95,7 @@ def test_transfer_cli_against_emulated_instances(tmp_path):
     every row, the records carry it, the residual tables cover both, and the calibrated profile is written.
     The emulated engine runs the profile's own costs, so the calibration lands near 1 and the transfer error is
     small (the bound is loose: on a loaded test machine the emulator lags real time)."""
-    cal = "workload:poisson?requests=30&rate=20&seed=1"
+    cal = "workload:poisson?requests=30&rate=20&seed=1&prompt_tokens=128:0.8"
     check = "workload:poisson?requests=30&rate=20&prompt_tokens=512:0.5&seed=4"
     prof = load_profile(PROFILE)
     with EmulatorFleet(FleetConfig(prof, 1)) as fleet:
@@ -110,7 +110,7 @@ def test_transfer_cli_against_emulated_instances(tmp_path):
     assert row["workload"] == check and row["router"] == "round_robin"
     assert abs(row["mean_e2e_error_pct"]) < 30 and len(row["live_mean_e2e_by_repeat_s"]) == 2
     assert row["uncalibrated_mean_e2e_error_pct"] is not None
-    assert 0.5 < out["calibration"]["decode_scale"] < 2.0
+    assert 0.5 < out["calibration"]["decode_scale"] < 2.0 and out["calibration"]["ttft_fit"] == "split"
     assert out["placement"] is None  # attached endpoints: nothing was placed here
     recs = pl.read_parquet(tmp_path / "fid" / "records.parquet")
     assert set(recs["workload"].unique()) == {cal, check}
@@ -127,13 +127,14 @@ def test_transfer_table_says_which_workload(tmp_path):
     prof = load_profile(PROFILE)
     with EmulatorFleet(FleetConfig(prof, 1)) as fleet:
         res = CliRunner().invoke(main, ["fidelity", "--profile", str(PROFILE),
-                                        "--calibrate-on", "workload:poisson?requests=12&rate=20",
-                                        "--check-on", "workload:poisson?requests=12&rate=20&seed=9",
+                                        "--calibrate-on", "workload:poisson?requests=20&rate=20&prompt_tokens=128:0.8",
+                                        "--check-on", "workload:poisson?requests=20&rate=20&seed=9",
                                         "--router", "round_robin", "--repeats", "1", *_fleet_args(fleet)],
                                  env={"COLUMNS": "320"})
     assert res.exit_code == 0, res.output
-    assert "calibrated on: workload:poisson?requests=12&rate=20 (fitted)" in res.output
-    assert "checked on: workload:poisson?requests=12&rate=20&seed=9" in res.output
+    assert "calibrated on: workload:poisson?requests=20&rate=20&prompt_tokens=128:0.8 (fitted)" in res.output
+    assert "(split TTFT fit)" in res.output
+    assert "checked on: workload:poisson?requests=20&rate=20&seed=9" in res.output
     assert "residuals by prompt tokens" in res.output and "residuals by batch size" in res.output
 
 
