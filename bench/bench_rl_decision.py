@@ -13,7 +13,7 @@ every decision). Median and p99 over ``--repeats`` calls, in microseconds.
 The network is the shipped checkpoint for the profile and instance count when
 there is one, else random weights of the same shape (64 hidden units, 128 above
 4 instances): the cost does not depend on the values. Target: <= 100 us.
-Usage: python bench/bench_rl_decision.py [--instances 4] [--repeats 20000]
+Usage: python bench/bench_rl_decision.py [--instances 4] [--repeats 20000] [--checkpoint DIR]
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterS
     return sim
 
 
-def make_router(profile, num_instances: int, tmp: str) -> tuple[WorkloadGuidedRL, str]:
+def make_router(profile, num_instances: int, tmp: str, checkpoint: str | None = None) -> tuple[WorkloadGuidedRL, str]:
+    if checkpoint:
+        return WorkloadGuidedRL(num_instances, checkpoint=checkpoint, gate=False), f"checkpoint {checkpoint}"
     try:  # the network path, even where the checkpoint's validation gate routes with the heuristic
         return WorkloadGuidedRL(num_instances, profile=profile, gate=False), "shipped checkpoint"
     except CheckpointError:
@@ -82,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at-s", type=float, default=60.0, help="virtual time of the snapshot")
     ap.add_argument("--repeats", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint", default=None, help="a trained checkpoint directory (default: the shipped one)")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
     sim = build_state(profile, args.instances, args.at_s, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        router, which = make_router(profile, args.instances, tmp)
+        router, which = make_router(profile, args.instances, tmp, args.checkpoint)
         queue, view, now = sim.queue, sim.view(), sim.now_s
         outstanding = sum(iv.num_outstanding for iv in view.instances)
         route_us = time_calls(lambda: router.route(queue, view, now), args.repeats)
