@@ -54,7 +54,8 @@ from .registry import get_router, register
 ORACLE_NOTE = "not deployable: sees true lengths and future arrivals"
 
 #: the default base policy: a head-of-line KV gate (``late_binding_srpt`` in the paper's action space)
-GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_depth": 1, "calibrate": False}
+GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_depth": 1, "calibrate": False,
+                                "refresh_s": 1.0}
 
 
 class PlannerError(ValueError):
@@ -68,7 +69,7 @@ class LookaheadParams:
     reorder: bool = False
     """False: the paper's action space (head of the queue to an instance, or defer); True: any of the ``k``
     oldest and ``k`` shortest queued requests."""
-    horizon_s: float = 20.0
+    horizon_s: float = 5.0
     """Seconds each candidate is rolled forward (``inf``: until every request is done, exact)."""
     base: str = "gate"
     """Base policy of the rollouts: ``gate`` or a registered router name."""
@@ -224,7 +225,7 @@ def evaluate(sim: Any, action: Decision | None, *, pending: Sequence[tuple[Reque
     return rollout_cost(fork, now, params.horizon_s, first)
 
 
-def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 20.0, base: str = "gate", k: int = 2,
+def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate", k: int = 2,
                 pending: Sequence[tuple[Request, int]] = (), seed: int = 0) -> Decision | None:
     """The planner's action at ``sim``'s current decision epoch: ``Decision(queue_index, instance)`` or
     ``None`` (defer). A pure function: ``sim`` is forked, never advanced.
