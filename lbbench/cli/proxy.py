@@ -51,6 +51,9 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
             raise click.BadParameter(f"{o!r}: expected KEY=VALUE", param_hint="--router-opt")
         opts[k] = _parse_value(v)
     prof = load_profile(profile) if profile else None
+    from ..routers.registry import ORACLE_REFUSAL, needs_simulator
+    if needs_simulator(router):
+        raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
     r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
     pred = None
     if predictor:

@@ -219,6 +219,10 @@ class RunConfig:
                               "simulator has no engine dialect)", "engine")
         if not self.live:
             return
+        from ..routers.registry import ORACLE_REFUSAL, needs_simulator
+        for r in self.routers:
+            if needs_simulator(r):
+                raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")
         if self.rates:
             raise ConfigError("a load sweep (several rates) runs in the simulator only", "rates")
         if len(self.instance_schedulers) > 1:

@@ -53,6 +53,18 @@ def available_routers() -> dict[str, str]:
     return {name: info.description for name, info in sorted(_REGISTRY.items())}
 
 
+#: what a live or proxy backend says when asked to run a router that reads the simulator
+ORACLE_REFUSAL = ("{name} is an oracle: it reads true lengths and future arrivals, and runs only on the "
+                  "simulator")
+
+
+def needs_simulator(name: str) -> bool:
+    """Whether router ``name`` is an oracle that reads the simulator (true lengths, future arrivals)."""
+    _load_all()
+    info = _REGISTRY.get(name)
+    return bool(info is not None and getattr(info.factory, "needs_simulator", False))
+
+
 def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile | None = None,
                **options: Any) -> Any:
     _load_all()
