@@ -138,7 +138,8 @@ def _add_optional_commands() -> None:
                        ("lbbench.cli.report", ("report", "compare")), ("lbbench.cli.live", ("launch", "serve_sim")),
                        ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile",)),
                        ("lbbench.cli.fidelity", ("fidelity",)), ("lbbench.cli.proxy", ("proxy",)),
-                       ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",))):
+                       ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",)),
+                       ("lbbench.cli.headroom", ("headroom",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
