@@ -347,6 +347,8 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         click.echo(to_json(summary))
         return
     console = Console() if sys.stdout.isatty() else Console(width=200)
+    from ..routers.registry import needs_simulator
+    oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
     where = f"live x{cfg.instances}" if cfg.backend == "live" else f"{cfg.profile} x{cfg.instances}"
@@ -364,8 +366,11 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         if row.get("seeds", 1) > 1 and row.get("mean_e2e_std_s") is not None:
             e2e += f" ± {row['mean_e2e_std_s']:.1f}"
         cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
-        table.add_row(*[str(row[k]) for k in keys], row["router"], *cells)
+        table.add_row(*[str(row[k]) for k in keys], row["router"] + (" (oracle)" if row["router"] in oracles else ""),
+                      *cells)
     console.print(table)
+    for name in oracles:
+        console.print(f"{name} is an oracle planner, not deployable: it sees true lengths and future arrivals")
     refs = summary["best_baseline"].drop_nulls().unique(maintain_order=True).to_list() \
         if "best_baseline" in summary.columns else []
     if refs:
