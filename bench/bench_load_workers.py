@@ -16,9 +16,13 @@ dispatch lag <= 5 ms.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +36,48 @@ from lbbench.harness.replay import run_replay  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
 
+def _proc_cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class WorkerCpu:
+    """The CPU time of this process's load workers, sampled until they exit (their last reading is kept)."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.2):
+            for p in multiprocessing.active_children():
+                if p.name.startswith("lbbench-load-"):
+                    cpu = _proc_cpu_s(p.pid)
+                    if cpu is not None:
+                        self.last[p.pid] = cpu
+
+    def total_s(self) -> float:
+        self.stop.set()
+        self.thread.join()
+        return sum(self.last.values())
+
+
 def one_run(urls: list[str], rate: float, duration_s: float, workers: int, output_tokens: int) -> dict:
     n = int(rate * duration_s)
     reqs = [Request(i, i / rate, 32, output_tokens) for i in range(n)]
+    sampler = WorkerCpu()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     with tempfile.TemporaryDirectory() as tmp:
         res = run_replay(reqs, get_router("round_robin", num_instances=len(urls)), urls, run_id="bench", seed=0,
                          scrape_interval_s=None, load_workers=workers, out_dir=tmp, warm_connections=64)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    driver_cpu_s = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    worker_cpu_s = sampler.total_s()
     sends = np.sort([r.actual_send_s for r in res.records if r.actual_send_s is not None])
     lag = np.array([r.actual_send_s - r.planned_send_s for r in res.records
                     if r.actual_send_s is not None and r.planned_send_s is not None]) * 1e3
@@ -46,7 +86,8 @@ def one_run(urls: list[str], rate: float, duration_s: float, workers: int, outpu
             "failed": sum(r.error is not None for r in res.records), "complete": res.complete,
             "achieved_per_s": achieved, "lag_p50_ms": float(np.percentile(lag, 50)),
             "lag_p99_ms": float(np.percentile(lag, 99)), "lag_max_ms": float(lag.max()),
-            "workers": res.load_workers}
+            "workers": res.load_workers, "driver_cpu_us": 1e6 * driver_cpu_s / n,
+            "worker_cpu_us": 1e6 * worker_cpu_s / n}
 
 
 def main() -> None:
@@ -76,7 +117,8 @@ def main() -> None:
                       f"(unique {r['unique']}, failed {r['failed']}), achieved {r['achieved_per_s']:.0f} req/s "
                       f"({100 * r['achieved_per_s'] / args.rate:.1f} %), dispatch lag p50 {r['lag_p50_ms']:.2f} / "
                       f"p99 {r['lag_p99_ms']:.2f} / max {r['lag_max_ms']:.2f} ms; target "
-                      f"{'met' if met else 'missed'}", flush=True)
+                      f"{'met' if met else 'missed'}; CPU per request: driver {r['driver_cpu_us']:.0f} us, workers "
+                      f"{r['worker_cpu_us']:.0f} us (sampled every 0.2 s)", flush=True)
                 for wk in r["workers"]:
                     print(f"    worker {wk['worker']} (pid {wk['pid']}): {wk['requests']} requests, clock offset "
                           f"{wk['clock_offset_ms']:+.4f} ms (+/- {wk['clock_error_ms']:.4f}), lag p50 "
