@@ -49,22 +49,44 @@ def connect(address: str | None = "auto", **init_kwargs: Any) -> None:
     if ray.is_initialized():
         return
     env = os.environ.get("RAY_ADDRESS") or None
-    named = env if address in (None, "auto") else address
-    opts: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
-    if named:
-        try:
-            ray.init(address=named, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"{named} (from RAY_ADDRESS)" if named == env and address in (None, "auto") else named
-            raise InputError(f"cannot reach the Ray cluster at {where}: {str(exc).splitlines()[0]}",
-                             FIELD) from None
-        _initialised_here = True
-        return
+    explicit = address not in (None, "auto")
+    named = address if explicit else env
+    if named:  # Ray retries an unreachable address for minutes: say so at once
+        _check_reachable(named, named if explicit else f"{env} (from RAY_ADDRESS)")
     try:
-        ray.init(address="auto", logging_level=logging.WARNING)
-    except ConnectionError:  # no cluster running on this machine: start a local one for this process
-        ray.init(**{**opts, **init_kwargs})
+        # "auto" lets Ray read RAY_ADDRESS itself: then (and for a cluster it finds on this machine) Ray also
+        # sends this machine's auth token, which it never sends to an address given explicitly
+        ray.init(address=address if explicit else "auto", logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        if explicit or env:
+            raise InputError(_unreachable(address if explicit else f"{env} (from RAY_ADDRESS)", exc),
+                             FIELD) from None
+        # no cluster on this machine: start a local one for this process
+        ray.init(**{"logging_level": logging.WARNING, "include_dashboard": False, **init_kwargs})
+    except (RuntimeError, ValueError) as exc:
+        raise InputError(_unreachable(address if explicit else env or "auto", exc), FIELD) from None
     _initialised_here = True
+
+
+def _check_reachable(address: str, where: str, timeout_s: float = 5.0) -> None:
+    """An ``InputError`` unless ``address`` (``[ray://]HOST:PORT``) accepts a TCP connection."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InputError(f"{where} is not auto, HOST:PORT or ray://HOST:PORT", FIELD)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InputError(f"cannot reach the Ray cluster at {where}: {exc.strerror or exc}", FIELD) from None
+
+
+def _unreachable(where: str | None, exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    hint = ("" if os.environ.get("RAY_AUTH_MODE") else
+            "; if it uses token authentication, set RAY_AUTH_MODE=token and give its token (RAY_AUTH_TOKEN)")
+    return f"cannot reach the Ray cluster at {where}: {text}{hint}"
 
 
 def shutdown() -> None:

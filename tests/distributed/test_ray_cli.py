@@ -4,6 +4,7 @@ joins one started with `ray start --head`), the one line without the extra, and 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tomllib
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from polars.testing import assert_frame_equal
 
 from lbbench.cli.main import main
+from lbbench.distributed import ray_cluster
 
 TINY = ["run", "--rate", "10,20", "--router", "round_robin,jsq", "--requests", "80", "--seeds", "2",
         "--format", "json"]
@@ -46,3 +48,23 @@ def test_ray_on_a_live_run_says_it_replays_here(tmp_path):
                                     "--out", str(tmp_path / "x")])
     note = res.output.splitlines()[0]
     assert note.startswith("note: --ray") and "replays from this process" in note
+
+
+def _no_init(**kw):
+    raise AssertionError("ray.init must not be tried on an address that is not there")
+
+
+def test_an_unreachable_ray_address_is_one_line_and_exit_2(monkeypatch, tmp_path):
+    fake_ray = type("FakeRay", (), {"is_initialized": staticmethod(lambda: False), "init": staticmethod(_no_init)})
+    monkeypatch.setattr(ray_cluster, "require_ray", lambda: fake_ray)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(main, [*TINY, "--ray", f"127.0.0.1:{port}", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"Error: --ray: cannot reach the Ray cluster at 127.0.0.1:{port}: Connection refused"
+    monkeypatch.setenv("RAY_ADDRESS", "nohost")
+    res = CliRunner().invoke(main, [*TINY, "--ray", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.output.strip() == "Error: --ray: nohost (from RAY_ADDRESS) is not auto, HOST:PORT or ray://HOST:PORT"
+    assert not (tmp_path / "x").exists()
