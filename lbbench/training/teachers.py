@@ -40,15 +40,17 @@ Teacher = Callable[[Any], int]
 
 def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
                    max_num_batched_tokens: int, max_defer_s: float | None = None,
-                   kv_slack: float = 0.0, overrun_tokens: int = 32) -> int:
+                   kv_slack: float = 0.0, overrun_tokens: int = 32, oracle: bool = True) -> int:
     """The ``kv_gate`` teacher's action for the head of ``queue`` (``view`` with
-    detail; true output lengths)."""
+    detail): true output lengths, or with ``oracle=False`` the predicted ones
+    (``Request.expected_output_tokens``: the same gate on the deployable signal)."""
     from lbbench.routers.late_binding import _Gate, clamp_output
 
     m = view.num_instances
     if not queue:
         return m
     head = queue[0]
+    length = (lambda r: r.output_tokens) if oracle else (lambda r: r.expected_output_tokens)
     healthy = [iv for iv in view.instances if iv.healthy]
     if not healthy:
         return m
@@ -58,8 +60,8 @@ def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
                                    or iv.prompt_tokens_pending >= max_num_batched_tokens):
             continue
         cap = float(iv.spec.kv_capacity_tokens)
-        gate = _Gate(iv, cap, cap * (1.0 + kv_slack), lambda r: r.output_tokens, overrun_tokens)
-        d = clamp_output(head.output_tokens, head.prompt_tokens, cap)
+        gate = _Gate(iv, cap, cap * (1.0 + kv_slack), length, overrun_tokens)
+        d = clamp_output(length(head), head.prompt_tokens, cap)
         room = math.inf if gate.idle else gate.max_prompt_tokens(d) - head.prompt_tokens
         if room >= 0 and room > best_room:
             best, best_room = iv.index, room
@@ -99,17 +101,19 @@ def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
 
 
 class TeacherRouter:
-    """The ``kv_gate`` teacher as a router (oracle: it reads true output lengths)."""
+    """The ``kv_gate`` teacher as a router (an oracle: it reads true output lengths;
+    with ``oracle=False`` the same gate on predicted lengths, deployable)."""
 
     needs_detail = True
     name = "kv_gate_teacher"
 
-    def __init__(self, num_instances: int, profile, max_defer_s: float | None = None):
+    def __init__(self, num_instances: int, profile, max_defer_s: float | None = None, oracle: bool = True):
         self.num_instances = num_instances
         self.budget = int(profile.max_num_batched_tokens)
         self.max_defer_s = max_defer_s
+        self.oracle = oracle
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         a = kv_gate_action(queue, view, now_s, max_num_batched_tokens=self.budget,
-                           max_defer_s=self.max_defer_s)
+                           max_defer_s=self.max_defer_s, oracle=self.oracle)
         return None if a >= self.num_instances else Decision(0, a)
