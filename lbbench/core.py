@@ -15,7 +15,7 @@ the same aggregates, so a router sees the same ``ClusterView`` either way.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Iterable, NamedTuple
 
 # --------------------------------------------------------------------------- requests
@@ -305,7 +305,7 @@ class _Instance:
     __slots__ = ("spec", "healthy", "entries", "clock", "sum_fixed", "sum_base", "n_ticking",
                  "n_prefilling", "prompt_pending", "prompt_decoding", "sum_expected",
                  "sum_prompt", "heap", "pcounts", "dcounts",
-                 "metrics")
+                 "metrics", "view")
 
     def __init__(self, spec: InstanceSpec, n_pb: int, n_db: int):
         self.spec = spec
@@ -324,6 +324,7 @@ class _Instance:
         self.pcounts = [0] * n_pb
         self.dcounts = [0] * n_db
         self.metrics: MetricsSample | None = None
+        self.view: InstanceView | None = None  # the last view built without detail; None once an event lands
 
 
 class ClusterState:
@@ -352,8 +353,10 @@ class ClusterState:
 
     # -- event handling ---------------------------------------------------------------
     def apply(self, ev: Event) -> None:  # noqa: C901 - one branch per event type
-        self.now_s = max(self.now_s, ev.time_s)
+        if ev.time_s > self.now_s:
+            self.now_s = ev.time_s
         self._gen += 1
+        self._inst[ev.instance].view = None  # every event names its instance; only that one's view changes
         if isinstance(ev, StepsAdvanced):
             self._inst[ev.instance].clock += ev.num_steps
         elif isinstance(ev, Dispatched):
@@ -470,11 +473,16 @@ class ClusterState:
         return None
 
     def view(self, detail: bool = False) -> ClusterView:
+        """The snapshot routers see. Without detail, an instance no event has touched since the last view keeps
+        its (immutable) ``InstanceView``: between two decisions most instances do not change."""
         out = []
         for i, inst in enumerate(self._inst):
+            if not detail and inst.view is not None:
+                out.append(inst.view)
+                continue
             generated = inst.sum_fixed + inst.n_ticking * inst.clock - inst.sum_base
             detail_rows = _DetailSource(self, i, self._gen) if detail else None
-            out.append(InstanceView(
+            out.append(iv := InstanceView(
                 index=i, healthy=inst.healthy, spec=inst.spec,
                 num_outstanding=len(inst.entries),
                 num_prefilling=inst.n_prefilling,
@@ -489,6 +497,8 @@ class ClusterState:
                 metrics=inst.metrics,
                 _detail=detail_rows,
             ))
+            if not detail:
+                inst.view = iv
         return ClusterView(self.now_s, tuple(out))
 
 
@@ -574,3 +584,40 @@ def tbt_stats(times: Any) -> tuple[float | None, float | None, float | None]:
 
 
 RECORD_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RequestRecord))
+
+
+# --------------------------------------------------------------------------- fast construction
+
+
+def _fast_frozen_init(cls: type) -> type:
+    """Give a frozen, slotted dataclass an ``__init__`` that writes each slot through its descriptor.
+
+    The generated frozen ``__init__`` calls ``object.__setattr__`` per field, which made building events and
+    views a large share of a simulated episode (tens of thousands of events, a view per routing decision).
+    Same signature and defaults; instances stay immutable (``__setattr__`` still raises).
+    """
+    fs = [f for f in fields(cls) if f.init]
+    ns: dict[str, Any] = {}
+    params = []
+    for f in fs:
+        if f.kw_only or f.default_factory is not MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name}: keyword-only or factory defaults are not supported")
+        ns[f"_set_{f.name}"] = getattr(cls, f.name).__set__
+        if f.default is MISSING:
+            params.append(f.name)
+        else:
+            ns[f"_default_{f.name}"] = f.default
+            params.append(f"{f.name}=_default_{f.name}")
+    body = "".join(f"    _set_{f.name}(self, {f.name})\n" for f in fs) or "    pass\n"
+    exec(f"def __init__(self, {', '.join(params)}):\n{body}", ns)  # noqa: S102 - generated from field names
+    init = ns["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__doc__ = cls.__init__.__doc__
+    cls.__init__ = init  # type: ignore[misc]
+    return cls
+
+
+for _cls in (Request, Dispatched, FirstToken, TokensGenerated, StepsAdvanced, Preempted, Finished, Failed,
+             InstanceHealth, MetricsSample, InstanceSpec, OutstandingView, InstanceView, ClusterView):
+    _fast_frozen_init(_cls)
+del _cls

@@ -193,9 +193,10 @@ class SimInstance:
 
     def next_event_s(self) -> float | None:
         """End of the segment in progress (when state next changes), or None if idle."""
-        if self.seg_k == 0:
+        k = self.seg_k
+        if k == 0:
             return None
-        return self.seg_t0 + self._cum(self.seg_k)
+        return self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)  # _cum(k), inlined (hot)
 
     def add(self, request: Request, now_s: float) -> list[Event]:
         """The request reaches this instance at ``now_s``; returns events that happened up to then."""
@@ -223,9 +224,11 @@ class SimInstance:
     def advance(self, until_s: float) -> list[Event]:
         """Run every step that ends at or before ``until_s``."""
         events: list[Event] = []
+        limit = until_s + 1e-12
         while self.seg_k:
-            end = self.seg_t0 + self._cum(self.seg_k)
-            if end > until_s + 1e-12:
+            k = self.seg_k
+            end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)  # _cum(k), inlined (hot)
+            if end > limit:
                 break
             self._finish_segment(end, events)
             self._plan(events)
@@ -264,16 +267,21 @@ class SimInstance:
         return min(m, self.seg_k)
 
     def _log_steps(self, t0: float, k: int) -> None:
-        need = self.clock + k
-        if k == 1 and need <= len(self._ends):
-            self._ends[self.clock] = t0 + self.seg_a
-            return
+        c = self.clock
+        need = c + k
         if need > len(self._ends):
             grown = np.empty(max(need, 2 * len(self._ends)))
-            grown[: self.clock] = self._ends[: self.clock]
+            grown[:c] = self._ends[:c]
             self._ends = grown
+        if k == 1:
+            self._ends[c] = t0 + self.seg_a
+            return
+        a, b = self.seg_a, self.seg_b
+        if k <= 24:  # short segments: scalar float arithmetic, the same operations in the same order as below
+            self._ends[c:need] = [t0 + j * a + b * j * (j - 1) * 0.5 for j in range(1, k + 1)]
+            return
         j = np.arange(1, k + 1, dtype=np.float64)
-        self._ends[self.clock:need] = t0 + j * self.seg_a + self.seg_b * j * (j - 1) * 0.5
+        self._ends[c:need] = t0 + j * a + b * j * (j - 1) * 0.5
 
     # ------------------------------------------------------------------ decoding bookkeeping
     def _start_decoding(self, r: SimRequest, off_clock_s: float | None = None) -> None:
