@@ -157,9 +157,18 @@ def test_kv_gate_teacher_defers_when_nothing_fits_and_routes_when_idle():
     from lbbench.core import Dispatched
     for i in range(2):
         state.apply(Dispatched(time_s=0.0, request=Request(10 + i, 0.0, cap // 2, cap // 2), instance=i))
-    head = Request(5, 0.0, 64, 64)
+    head = Request(5, 0.0, 64, cap // 2)  # it would still be growing when both residents peak
     view = state.view(detail=True)
     assert kv_gate_action([head], view, 1.0, max_num_batched_tokens=prof.max_num_batched_tokens) == 2
+    # the same gate on predicted lengths (deployable) believes the outstanding requests are short
+    short = ClusterState([prof.instance_spec()] * 2)
+    for i in range(2):
+        short.apply(Dispatched(time_s=0.0, request=Request(10 + i, 0.0, cap // 2, cap // 2,
+                                                           predicted_output_tokens=8), instance=i))
+    sview = short.view(detail=True)
+    budget = prof.max_num_batched_tokens
+    assert kv_gate_action([head], sview, 1.0, max_num_batched_tokens=budget) == 2
+    assert kv_gate_action([head], sview, 1.0, max_num_batched_tokens=budget, oracle=False) in (0, 1)
     # the defer guard: once the head has waited max_defer_s it is routed anyway
     assert kv_gate_action([head], view, 40.0, max_num_batched_tokens=prof.max_num_batched_tokens,
                           max_defer_s=30.0) in (0, 1)
