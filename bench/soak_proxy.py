@@ -19,6 +19,7 @@ Reports:
 A summary is written to ``--out`` (JSON) with every sample and kill.
 
     python bench/soak_proxy.py [--minutes 30] [--kill-every 5] [--rate 80] [--sample-every 30] [--out FILE]
+                               [--load-workers auto|N]
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class Soak:
                 at = time.monotonic()
                 self.procs[i].wait(10)
                 self.kills.append({"backend": i, "url": self.backends[i], "at_monotonic_s": at,
-                                   "in_flight_before": gauge})
+                                   "in_flight_before": gauge, "back_after_s": None})
                 time.sleep(a.down)
                 self.procs[i] = start_backend(self.ports[i])
                 try:
@@ -187,11 +188,13 @@ def main() -> None:
     ap.add_argument("--sample-every", type=float, default=30.0, help="seconds between RSS samples")
     ap.add_argument("--warmup", type=float, default=60.0,
                     help="seconds before the first RSS sample growth is measured from (workers started, pools warm)")
+    ap.add_argument("--load-workers", default="auto", help="auto (what lbbench run picks) or a count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="summary JSON (default: a temporary directory)")
     args = ap.parse_args()
     reqs = workload(args.rate, args.minutes, args.seed)
-    workers = auto_load_workers(args.rate, os.cpu_count() or 1)
+    workers = (auto_load_workers(args.rate, os.cpu_count() or 1) if args.load_workers == "auto"
+               else int(args.load_workers))
     soak = Soak(args)
     chaos = threading.Thread(target=soak.chaos, daemon=True)
     try:
