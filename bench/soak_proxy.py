@@ -202,7 +202,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id="soak",
                              seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
-                             request_timeout_s=120.0, stall_timeout_s=60.0)
+                             request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
         soak.sample()
     finally:
         soak.close()

@@ -162,7 +162,9 @@ class _Replay:
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
                  prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
-                 stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02):
+                 stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02,
+                 keep_token_times: bool = True):
+        self.keep_token_times = keep_token_times
         self.engine = engine
         self.label = label or router.name
         self.stream_workers = stream_workers
@@ -425,7 +427,7 @@ class _Replay:
             done_s = res.finish_s if res is not None and res.finish_s is not None else now
             due = max(nxt.arrival_s, done_s + nxt.think_s)
             self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt, due)
-        if res is not None:
+        if res is not None and self.keep_token_times:
             self.token_times[req.request_id] = res.token_times_s
         if self.partial is not None:
             row = rec.as_dict()
@@ -510,7 +512,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                prompt_texts: dict[int, str] | None = None,
                engine: Engine | str | None = None, label: str | None = None,
                stream_workers: int = 0, load_workers: int = 0, ray: bool = False,
-               send_lead_s: float = 0.02) -> ReplayResult:
+               send_lead_s: float = 0.02, keep_token_times: bool = True) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -527,7 +529,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     ``load_workers`` > 0 goes further (``lbbench.live.load_workers``): the router decides ``send_lead_s`` ahead of
     each arrival and the workers (local processes, or Ray actors with ``ray``: the caller has connected to a
     cluster) send at the planned times on this process's clock; ``result.load_workers`` has each worker's clock
-    offset and dispatch lag.
+    offset and dispatch lag. ``keep_token_times=False`` leaves ``result.token_times`` empty: a long run then holds
+    only its records (a few hundred bytes each; every token's time costs about 32 bytes more).
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -556,7 +559,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
                      priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
                      label=label, stream_workers=stream_workers, load_workers=load_workers, ray=ray,
-                     send_lead_s=send_lead_s)
+                     send_lead_s=send_lead_s, keep_token_times=keep_token_times)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}
