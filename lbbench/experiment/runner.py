@@ -248,7 +248,7 @@ class LiveFleet:
                          priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
                          scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
                          stream_workers=cfg.stream_workers, load_workers=cfg.load_workers or 0,
-                         ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
+                         ray=self._ray_connected(), send_lead_s=cfg.send_lead_s, keep_token_times=False,
                          progress=lambda done, total: reporter.unit_progress(unit.label, done, total))
         if res.load_workers:
             self.worker_rows += [{"unit": unit.label, **row} for row in res.load_workers]
