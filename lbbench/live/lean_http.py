@@ -336,14 +336,22 @@ class LeanHttpClient:
                     conn.transport.close()
             pool.clear()
 
-    async def send(self, base_url: str, request: Request, on_tokens: TokenCallback | None = None) -> StreamResult:
-        """Stream one request to ``base_url``; never raises for server or network faults."""
+    def prepare(self, base_url: str, request: Request) -> bytes:
+        """The whole HTTP request for ``request`` (built ahead of its send time by a load worker)."""
         prio = self.priority_of(request) if self.priority_of is not None else None
         payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio,
                                           self.prompt_texts.get(request.request_id), self.engine)).encode()
+        host, port = self._addr(base_url)
+        return (f"POST {self.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
+
+    async def send(self, base_url: str, request: Request, on_tokens: TokenCallback | None = None,
+                   raw: bytes | None = None) -> StreamResult:
+        """Stream one request to ``base_url`` (``raw``: its bytes from ``prepare``); never raises for server or
+        network faults."""
         addr = self._addr(base_url)
-        raw = (f"POST {self.path} HTTP/1.1\r\nHost: {addr[0]}:{addr[1]}\r\nContent-Type: application/json\r\n"
-               f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
+        if raw is None:
+            raw = self.prepare(base_url, request)
         loop = asyncio.get_running_loop()
         res = StreamResult(actual_send_s=self.clock())
         for attempt in (0, 1):

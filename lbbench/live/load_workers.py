@@ -170,7 +170,11 @@ class _Worker:
                     self.prios[req.request_id] = prio
                     if text is not None:
                         self.client.prompt_texts[req.request_id] = text
-                    heapq.heappush(self.heap, (planned_s, next(self.seq), (req, inst)))
+                    # the request's bytes are built now, ahead of its send time: at that time they are only written
+                    raw = self.client.prepare(self.s.endpoints[inst], req)
+                    self.prios.pop(req.request_id, None)
+                    self.client.prompt_texts.pop(req.request_id, None)
+                    heapq.heappush(self.heap, (planned_s, next(self.seq), (req, inst, raw)))
                 elif kind == "t0":
                     self.t0 = item[1]
                 elif kind == "stop":
@@ -196,8 +200,8 @@ class _Worker:
         self._timer, self._timer_at = None, math.inf
         heap, now = self.heap, self.now()
         while heap and heap[0][0] <= now:
-            _, _, (req, inst) = heapq.heappop(heap)
-            task = self.loop.create_task(self._one(req, inst))
+            _, _, (req, inst, raw) = heapq.heappop(heap)
+            task = self.loop.create_task(self._one(req, inst, raw))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
             now = self.now()
@@ -226,7 +230,7 @@ class _Worker:
         except OSError:
             self.stopped.set()
 
-    async def _one(self, req: Request, inst: int) -> None:
+    async def _one(self, req: Request, inst: int, raw: bytes) -> None:
         rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
         last = [-math.inf]
 
@@ -238,9 +242,7 @@ class _Worker:
                 emit(("tokens", rid, inst, t, count))
                 last[0] = t
 
-        res = await self.client.send(self.s.endpoints[inst], req, on_tokens)
-        self.prios.pop(rid, None)
-        self.client.prompt_texts.pop(rid, None)
+        res = await self.client.send(self.s.endpoints[inst], req, on_tokens, raw)
         emit(("done", rid, inst, res))
 
 
