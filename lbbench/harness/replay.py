@@ -71,6 +71,8 @@ PARTIAL_RECORDS = "requests.partial.jsonl"
 #: until it is due (the event loop's sleeps are only millisecond-precise); at
 #: 1000 req/s this costs up to half a core, at 80 req/s a few percent.
 EARLY_WAKE_S = 0.0005
+#: with load workers, arrivals due within this much are decided together (their lead grows by at most this)
+SLACK_S = 0.002
 METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.Int64,
                   "num_waiting": pl.Int64, "kv_usage": pl.Float64, "num_preemptions": pl.Int64}
 
@@ -334,17 +336,22 @@ class _Replay:
         i, n = 0, len(reqs)
         early_s = self.early_wake_s
         lead_s = self.lead_s  # load workers: decide this much ahead, the worker sends on time
+        # with load workers this loop needs no sub-millisecond precision (the lead absorbs it): no yielding loop
+        # before each arrival, and what is due within SLACK_S is decided now
+        slack_s = SLACK_S if self.lw is not None else 0.0
+        if self.lw is not None:
+            early_s = 0.0
         while i < n:
             target = reqs[i].arrival_s - lead_s
             delay = target - self.now()
-            if delay > early_s:
+            if delay > early_s + slack_s:
                 # the selector rounds its timeout up to a whole millisecond: wake a
                 # little early and give the last fraction to other tasks instead
                 await asyncio.sleep(delay - early_s)
-            while self.now() < target:
+            while self.now() < target - slack_s:
                 await asyncio.sleep(0)
             now = self.now()
-            while i < n and reqs[i].arrival_s - lead_s <= now:
+            while i < n and reqs[i].arrival_s - lead_s <= now + slack_s:
                 self.drive.arrive(reqs[i])
                 self.arrived_at[reqs[i].request_id] = now
                 i += 1
