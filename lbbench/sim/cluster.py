@@ -33,6 +33,7 @@ from ..profiles import Profile
 from .instance import SimInstance, SimRequest
 
 _WAKE, _ARRIVAL, _TIMER, _SAMPLE = 0, 1, 2, 3
+_INF = float("inf")
 
 
 class _Hold:
@@ -124,6 +125,8 @@ class ClusterSim:
 
     def _observe(self, events: list[Event]) -> int:
         """Apply instance events to the dispatcher; returns the number of completions."""
+        if not events:
+            return 0
         done = 0
         obs = self.dispatcher.observe
         for ev in events:
@@ -188,20 +191,25 @@ class ClusterSim:
     def _step_event(self) -> None:
         reqs = self.requests
         na = self._next_arrival
-        ta = reqs[na].arrival_s if na < len(reqs) else float("inf")
-        th = self._heap[0][0] if self._heap else float("inf")
-        if ta < th or (ta == th and self._heap[0][1] > _ARRIVAL):
-            self.now_s = max(self.now_s, ta)
+        heap = self._heap
+        ta = reqs[na].arrival_s if na < len(reqs) else _INF
+        th = heap[0][0] if heap else _INF
+        if ta < th or (ta == th and heap[0][1] > _ARRIVAL):
+            if ta > self.now_s:
+                self.now_s = ta
             self._next_arrival += 1
             self.dispatcher.arrive(reqs[na])
             self._epoch()
             return
-        t, kind, _, _, data = heapq.heappop(self._heap)
-        self.now_s = max(self.now_s, t)
+        t, kind, _, _, data = heapq.heappop(heap)
+        if kind == _WAKE and data[1] != self._wake_version[data[0]]:  # type: ignore[index]
+            if t > self.now_s:
+                self.now_s = t
+            return  # a wake-up superseded by a later plan of that instance
+        if t > self.now_s:
+            self.now_s = t
         if kind == _WAKE:
-            i, ver = data  # type: ignore[misc]
-            if ver != self._wake_version[i]:
-                return
+            i = data[0]  # type: ignore[index]
             done = self._observe(self.instances[i].advance(t))
             self._reschedule(i)
             if done:
@@ -249,8 +257,9 @@ class ClusterSim:
             bind(self)
         self._auto = True
         self._progress = progress
-        while not self.done and self._has_events():
-            self._step_event()
+        step, reqs, heap = self._step_event, self.requests, self._heap
+        while self.num_completed < self.num_requests and (self._next_arrival < len(reqs) or heap):
+            step()  # the loop of done / _has_events, inlined: it runs once per event
         if not self.done:
             raise RuntimeError(f"simulation stalled with {len(self.dispatcher.queue)} requests at the "
                                f"router (router {router.name!r} never dispatched them)")
