@@ -30,7 +30,8 @@ phases counted) the network is scored on the validation workloads for the
 learning curve (``curve``), and the best of those points is exported, then
 gated against the heuristic on fresh validation workloads as in ``trainer``.
 Everything random comes from the config seed and the episode index, so a
-fixed seed and worker count give the same networks.
+fixed seed and worker count give the same networks. Interrupted (Ctrl-C), it
+still writes what it had, the checkpoint's metadata marked ``incomplete``.
 """
 
 from __future__ import annotations
@@ -240,11 +241,22 @@ def train_rounds(cfg: TrainConfig, out_dir: str | Path | None = None, *, progres
             round_("rl", tasks, rl, None, cfg.demo_weight if demo.size else 0.0)
             k += n
             rl += n
+    except KeyboardInterrupt:  # keep what was learned, marked incomplete
+        interrupted = True
+    else:
+        interrupted = False
     finally:
         collector.close()
     curve = pl.DataFrame(rows, infer_schema_length=None)
-    if out_dir is not None:
+    if out_dir is not None and buf.size:
         low, high = buf.state_range()
-        save_checkpoint(cfg, prof, out_dir, best, export(state["done"]), (low, high), episodes, curve,
+        last = export(state["done"])
+        if interrupted:
+            last.meta["incomplete"] = True
+            if best is not None:
+                best[1].meta["incomplete"] = True
+        save_checkpoint(cfg, prof, out_dir, best, last, (low, high), episodes, curve,
                         lc.frame() if lc is not None else None)
+    if interrupted:
+        raise KeyboardInterrupt
     return curve
