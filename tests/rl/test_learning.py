@@ -204,3 +204,29 @@ def test_teacher_router_beats_round_robin_with_exact_lengths():
     rr = ClusterSim(prof, 2, reqs, seed=3).run(get_router("round_robin", num_instances=2, profile=prof))
     gate = ClusterSim(prof, 2, reqs, seed=3).run(TeacherRouter(2, prof, 120.0))
     assert sum(r.num_preemptions or 0 for r in gate) < sum(r.num_preemptions or 0 for r in rr)
+
+
+def test_interrupted_training_keeps_what_it_had(tmp_path, monkeypatch):
+    """Ctrl-C during fine-tuning: the checkpoint and the learning curve so far are written, marked incomplete."""
+    from lbbench.training import rounds
+
+    real = rounds.make_collector
+
+    class Interrupting:
+        def __init__(self, *a, **kw):
+            self.inner, self.calls, self.workers = real(*a, **kw), 0, 1
+
+        def collect(self, policy, tasks):
+            self.calls += 1
+            if self.calls == 4:  # bc, dagger, one fine-tuning round, then Ctrl-C
+                raise KeyboardInterrupt
+            return self.inner.collect(policy, tasks)
+
+        def close(self):
+            self.inner.close()
+
+    monkeypatch.setattr(rounds, "make_collector", Interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        train_rounds(small_cfg(episodes=3), tmp_path, progress=False)
+    assert load_policy(tmp_path).meta.get("incomplete") is True
+    assert pl.read_parquet(tmp_path / "learning_curve.parquet")["episode"].max() == 3
