@@ -89,6 +89,53 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
+class Outbox:
+    """Framed writes that never block the event loop: what the kernel does not take at once waits for the loop's
+    writer callback (a blocking send would stall the loop, and two peers blocked on each other would deadlock)."""
+
+    def __init__(self, sock: socket.socket, loop: asyncio.AbstractEventLoop, on_error: Callable[[], None]):
+        self.sock, self.loop, self.on_error = sock, loop, on_error
+        self.buf = bytearray()
+
+    def write(self, obj: Any) -> None:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _LEN.pack(len(data)) + data
+        if self.buf:
+            self.buf += data
+            return
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self.on_error()
+            return
+        if n < len(data):
+            self.buf += data[n:]
+            self.loop.add_writer(self.sock.fileno(), self._writable)
+
+    def _writable(self) -> None:
+        try:
+            n = self.sock.send(self.buf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.loop.remove_writer(self.sock.fileno())
+            self.on_error()
+            return
+        del self.buf[:n]
+        if not self.buf:
+            self.loop.remove_writer(self.sock.fileno())
+
+    def drain_blocking(self, timeout_s: float = 2.0) -> None:
+        """Send what is still buffered, blocking (at the end of a run, before a last message)."""
+        if self.buf:
+            self.loop.remove_writer(self.sock.fileno())
+            self.sock.settimeout(timeout_s)
+            self.sock.sendall(bytes(self.buf))
+            self.buf.clear()
+
+
 class Frames:
     """Reassembles messages from a byte stream read in arbitrary pieces."""
 
@@ -142,6 +189,7 @@ class _Worker:
             await self.client.warm(self.s.endpoints, self.s.warm_connections)
             send_msg(self.sock, [("ready",)])
             self.sock.setblocking(False)
+            self.out = Outbox(self.sock, self.loop, self.stopped.set)
             self.loop.add_reader(self.sock.fileno(), self._readable)
             await self.stopped.wait()
             self.loop.remove_reader(self.sock.fileno())
@@ -223,13 +271,7 @@ class _Worker:
     def _flush(self) -> None:
         self._flush_pending = False
         batch, self.outbox = self.outbox, []
-        data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
-        try:
-            self.sock.setblocking(True)
-            self.sock.sendall(_LEN.pack(len(data)) + data)
-            self.sock.setblocking(False)
-        except OSError:
-            self.stopped.set()
+        self.out.write(batch)
 
     async def _one(self, req: Request, inst: int, raw: bytes) -> None:
         rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
@@ -389,9 +431,11 @@ class LoadWorkers:
         self.on_item = on_item
         self.on_lost = on_lost
         self.frames = [Frames() for _ in self.socks]
+        self.outs = []
         for i, sock in enumerate(self.socks):
             send_msg(sock, [("t0", t0)])
             sock.setblocking(False)
+            self.outs.append(Outbox(sock, loop, lambda i=i: self._lost(i)))
             loop.add_reader(sock.fileno(), self._readable, i)
 
     def submit(self, req: Request, inst: int, priority: int | None, prompt_text: str | None,
@@ -414,13 +458,7 @@ class LoadWorkers:
             self.outbox[i] = []
             if not self.alive[i]:
                 continue
-            sock = self.socks[i]
-            try:
-                sock.setblocking(True)
-                send_msg(sock, box)
-                sock.setblocking(False)
-            except OSError:
-                self._lost(i)
+            self.outs[i].write(box)
 
     def _readable(self, i: int) -> None:
         try:
@@ -446,6 +484,7 @@ class LoadWorkers:
         self.alive[i] = False
         if self.loop is not None:
             self.loop.remove_reader(self.socks[i].fileno())
+            self.loop.remove_writer(self.socks[i].fileno())
         held = [rid for rid, w in self.worker_of.items() if w == i]
         self.on_lost(i, held)
 
@@ -454,6 +493,7 @@ class LoadWorkers:
             try:
                 if self.loop is not None and self.alive[i]:
                     self.loop.remove_reader(sock.fileno())
+                    self.outs[i].drain_blocking()
                 sock.setblocking(True)
                 sock.settimeout(2.0)
                 send_msg(sock, [("stop",)])
