@@ -150,6 +150,7 @@ def main() -> None:
         print("starting a Ray head (ray start --head --num-cpus 2) ...", flush=True)
         head, address = start_head(2, work / "ray-head.log")
     modes = ["serial", "jobs2", "ray"]
+    load_before = os.getloadavg()[0]
     walls: dict[str, list[float]] = {m: [] for m in modes}
     run_walls: dict[str, list[float]] = {m: [] for m in modes}
     try:
@@ -177,6 +178,11 @@ def main() -> None:
           f"{args.requests} requests, 4 x llama2-7b-v100 paper-mix; {args.repeats} interleaved repeats, medians; "
           f"this machine: {os.cpu_count()} CPUs")
     print(f"records identical across modes and repeats: {same}")
+    load = max(load_before, os.getloadavg()[0])
+    print(f"load average (1 min) at start {load_before:.1f}, at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+          + ("" if load < (os.cpu_count() or 1) else
+             ": the machine was busy with other work, so speed-ups, overheads and the projection below measure "
+             "that contention more than the executors; rerun on a quiet machine"))
     print(f"per unit (alone, in one process): mean {t_sum / units:.3f} s, min {min(times):.3f}, "
           f"max {max(times):.3f}; all units {t_sum:.1f} s")
     print(f"{'mode':8s} {'command s':>10s} {'run s':>8s} {'speed-up':>9s} {'overhead s':>11s}")

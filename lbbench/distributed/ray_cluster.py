@@ -62,7 +62,8 @@ def connect(address: str | None = "auto", **init_kwargs: Any) -> None:
             raise InputError(_unreachable(address if explicit else f"{env} (from RAY_ADDRESS)", exc),
                              FIELD) from None
         # no cluster on this machine: start a local one for this process
-        ray.init(**{"logging_level": logging.WARNING, "include_dashboard": False, **init_kwargs})
+        ray.init(**{"address": "local", "logging_level": logging.WARNING, "include_dashboard": False,
+                    **init_kwargs})
     except (RuntimeError, ValueError) as exc:
         raise InputError(_unreachable(address if explicit else env or "auto", exc), FIELD) from None
     _initialised_here = True

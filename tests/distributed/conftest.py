@@ -23,7 +23,7 @@ def ray_session():
     ray.cloudpickle.register_pickle_by_value(unit_fns)  # Ray workers do not have the tests on their path
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     if started:
         ray.shutdown()

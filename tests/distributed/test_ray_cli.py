@@ -1,5 +1,6 @@
-"""``lbbench run --ray``: end to end on a tiny sweep (joining the session's running cluster, as `--ray auto`
-joins one started with `ray start --head`), the one line without the extra, and the note on live runs."""
+"""``lbbench run --ray``: end to end on a tiny sweep (joining the session's running cluster through RAY_ADDRESS, as
+`--ray auto` joins one started with `ray start --head`), one line for a missing extra or an address that does not
+answer, and the note on live runs."""
 
 from __future__ import annotations
 
@@ -23,12 +24,15 @@ TINY = ["run", "--rate", "10,20", "--router", "round_robin,jsq", "--requests", "
 def test_run_ray_auto_end_to_end_equals_one_process(ray_session, tmp_path):
     here = CliRunner().invoke(main, [*TINY, "--jobs", "1", "--out", str(tmp_path / "one")], catch_exceptions=False)
     assert here.exit_code == 0, here.output
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # `--ray auto` honours RAY_ADDRESS: point it at this session's cluster (not another one on the machine);
+    # Ray sends its token to an address it is given only with RAY_AUTH_MODE=token
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address, "RAY_AUTH_MODE": "token"}
     res = subprocess.run([sys.executable, "-m", "lbbench.cli", *TINY, "--ray", "auto", "--out", str(tmp_path / "ray")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     doc = tomllib.loads((tmp_path / "ray" / "run.toml").read_text())
     assert doc["executor"] == "ray" and doc["complete"] is True and doc["runs_completed"] == 8
+    assert doc["ray_cpus"] == 2  # this session's cluster
     for name in ("requests", "summary"):
         a = pl.read_parquet(tmp_path / "one" / f"{name}.parquet").drop("run_id", strict=False)
         b = pl.read_parquet(tmp_path / "ray" / f"{name}.parquet").drop("run_id", strict=False)
