@@ -472,8 +472,18 @@ class SimInstance:
         """V0: admit waiting requests (scheduler order) whose whole prompt fits the
         budget and the free blocks above the watermark; if any, the step prefills
         only them. Returns whether such a step was planned."""
+        reserve = self.watermark_blocks if self.running else 0
+        if self.scheduler == "fcfs" and self.cache is None:
+            # the usual outcome under load, decided without _admit: the head of the queue does not fit (the
+            # same tests as _admit's first iteration, which would break there)
+            r = self.waiting[0]
+            need = r.prompt_tokens + r.generated - r.num_computed
+            if (len(self.running) >= self.max_num_seqs or need > self.budget
+                    or -(-(r.num_computed + need) // self.bs) - r.blocks
+                    > self.num_blocks - self.used_blocks - reserve):
+                return False
         sched: list[tuple[SimRequest, int]] = []
-        self._admit(self.budget, self.watermark_blocks if self.running else 0, sched)
+        self._admit(self.budget, reserve, sched)
         if not sched:
             return False
         self.seg_a = self._base + self._a * sum(need for _, need in sched)
