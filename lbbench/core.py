@@ -356,18 +356,17 @@ class ClusterState:
         if ev.time_s > self.now_s:
             self.now_s = ev.time_s
         self._gen += 1
-        self._inst[ev.instance].view = None  # every event names its instance; only that one's view changes
+        inst = self._inst[ev.instance]  # every event names its instance
+        inst.view = None  # only that instance's view changes
         if isinstance(ev, StepsAdvanced):
-            self._inst[ev.instance].clock += ev.num_steps
+            inst.clock += ev.num_steps
         elif isinstance(ev, Dispatched):
             self._dispatch(ev)
         elif isinstance(ev, FirstToken):
-            inst = self._inst[ev.instance]
             e = inst.entries.get(ev.request_id)
             if e is not None and e.first_token_s is None:
                 self._start_decoding(inst, e, ev.time_s)
         elif isinstance(ev, TokensGenerated):
-            inst = self._inst[ev.instance]
             e = inst.entries.get(ev.request_id)
             if e is None:
                 return
@@ -380,7 +379,6 @@ class ClusterState:
                 if e.ticking:
                     heapq.heappush(inst.heap, (e.expected - e.fixed + e.base, e.request.request_id))
         elif isinstance(ev, Preempted):
-            inst = self._inst[ev.instance]
             e = inst.entries.get(ev.request_id)
             if e is not None and e.first_token_s is not None:
                 if e.ticking:
@@ -393,9 +391,9 @@ class ClusterState:
         elif isinstance(ev, (Finished, Failed)):
             self._remove(ev.instance, ev.request_id)
         elif isinstance(ev, InstanceHealth):
-            self._inst[ev.instance].healthy = ev.healthy
+            inst.healthy = ev.healthy
         elif isinstance(ev, MetricsSample):
-            self._inst[ev.instance].metrics = ev
+            inst.metrics = ev
 
     def _dispatch(self, ev: Dispatched) -> None:
         r = ev.request

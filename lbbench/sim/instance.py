@@ -584,6 +584,8 @@ class SimInstance:
         off_clock = self.seg_prefill_only
         if off_clock:  # V0 prefill-only step: the decode clock stands still
             k = 0
+        elif k == 1 and self.clock < len(self._ends):  # _log_steps' one-step case, inlined (hot)
+            self._ends[self.clock] = t0 + self.seg_a
         else:
             self._log_steps(t0, k)
         if sched is None and k > 1:
@@ -608,7 +610,7 @@ class SimInstance:
                 if r.rid not in self.reqs:
                     continue
                 r.num_computed += need
-                if r.num_computed == r.num_tokens:
+                if r.num_computed == r.prompt_tokens + r.generated:  # num_tokens
                     r.generated += 1
                     if r.first_token_s is None:
                         r.first_token_s = end_s
