@@ -111,7 +111,7 @@ def train(out_dir: str, quiet: bool, ray_address: str | None = None, **kw: Any) 
                                                      "workers": cfg.workers}) + "\n")
     val = curve["val_e2e_s"].drop_nans()
     line = (f"trained {cfg.router} for {cfg.profile} x{cfg.instances} on {cfg.workload_label()}: "
-            f"{cfg.episodes} episodes in {wall_s:.0f} s; last episode mean E2E {curve['mean_e2e_s'][-1]:.2f} s")
+            f"{curve.height} episodes in {wall_s:.0f} s; last episode mean E2E {curve['mean_e2e_s'][-1]:.2f} s")
     if len(val):
         line += f"; exported network: validation mean E2E {val.min():.2f} s"
     click.echo(line)
