@@ -22,8 +22,9 @@ A request that finishes by ``T`` costs ``finish - max(arrival, now)``; one still
 ``T - max(arrival, now)`` plus an estimate of what it still waits: the unfinished requests are served as a
 fluid FIFO queue (in arrival order) by the cluster, each needing its remaining prefill (prompt tokens not yet
 computed, times the profile's per-token prefill time) and decode work (output tokens not yet generated, times
-the per-token decode time of a batch of ``max(1, running)`` on its instance, or of the cluster's mean batch for
-a request still at the router), ``num_instances`` instance-seconds of work per second; a request's estimate is
+one per-token decode cost for the whole run, ``decode_token_s``: a full batch's step time over its size, so
+that where a request sits never makes its work look cheaper), ``num_instances`` instance-seconds of work per
+second; a request's estimate is
 the cumulative work up to and including it divided by ``num_instances``. Latency before the decision is
 sunk (the same for every candidate) and is left out. With ``horizon_s=inf`` ("until done") every request
 finishes in the fork, no estimate is used, and the cost is exact: with exact rollouts the planner is never
@@ -157,26 +158,37 @@ def _set_router(sim: Any, router: Any) -> None:
     d._on_event = getattr(router, "on_event", None)
 
 
+def decode_token_s(sim: Any) -> float:
+    """Instance-seconds per decode token of a full batch on this workload, one constant per simulator: the
+    batch that fills the KV cache with requests of the workload's mean size (at most ``max_num_seqs``), its
+    step time over its size. The same for every request and every candidate, so the estimate rewards real
+    progress (tokens made, no recompute) and never where a request happens to sit."""
+    cached = getattr(sim, "_lookahead_token_s", None)
+    if cached is not None:
+        return cached
+    prof = sim.profile
+    reqs = sim.requests
+    mean_tokens = (sum(r.prompt_tokens + 0.5 * r.output_tokens for r in reqs) / len(reqs)) if reqs else 1.0
+    n = min(float(prof.max_num_seqs), max(1.0, prof.kv_capacity_tokens / max(1.0, mean_tokens)))
+    tau = (prof.base_s + prof.decode_seq_s * n + prof.context_token_s * 0.5 * prof.kv_capacity_tokens) / n
+    sim._lookahead_token_s = tau
+    return tau
+
+
 def _unfinished_estimate_s(sim: Any, now_s: float, end_s: float) -> float:
     """Time-in-system within the horizon plus the fluid-FIFO estimate of every unfinished request (see the
     module docstring)."""
-    prof = sim.profile
-    a = prof.prefill_token_s
+    a = sim.profile.prefill_token_s
+    tau = decode_token_s(sim)
     rows: list[tuple[float, float]] = []  # (arrival, remaining work in instance-seconds)
-    per_token = []
     for inst in sim.instances:
-        n = max(1, inst.n_dec)
-        ctx = inst.sum_key + inst.n_dec * inst.clock
-        tau = (prof.base_s + prof.decode_seq_s * n + prof.context_token_s * ctx) / n
-        per_token.append(tau)
         for r in inst.reqs.values():
             gen = r.g0 + inst.clock - r.c0 if r.decoding else r.generated
             comp = r.key + inst.clock if r.decoding else r.num_computed
             work = max(0, r.prompt_tokens + gen - comp) * a + max(0, r.output_tokens - gen) * tau
             rows.append((r.request.arrival_s, work))
-    tau_mean = sum(per_token) / len(per_token)
     for r in sim.dispatcher.queue:
-        rows.append((r.arrival_s, r.prompt_tokens * a + r.output_tokens * tau_mean))
+        rows.append((r.arrival_s, r.prompt_tokens * a + r.output_tokens * tau))
     if not rows:
         return 0.0
     arr = np.array(rows)
@@ -244,6 +256,7 @@ def _plan(sim: Any, params: LookaheadParams, pending: Sequence[tuple[Request, in
     queue = sim.dispatcher.queue
     if not queue:
         return None, 0
+    decode_token_s(sim)  # computed once on the original; its forks inherit it
     view = sim.state.view(detail=True)
     base = make_base(params.base, len(sim.instances), seed, sim.profile)
     base_action = base.route(queue, view, sim.now_s)
