@@ -39,13 +39,9 @@ def _tps(value: str) -> list[int]:
 def plan_config_from_flags(kw: dict[str, Any]) -> Any:
     from ..planning import PlanConfig
 
-    trace_opts: dict[str, Any] = {}
-    try:
-        from .trace import split_trace_options
-        read, transform = split_trace_options(kw)
-        trace_opts = {**read, **transform}
-    except ImportError:  # pragma: no cover
-        pass
+    from .trace import trace_options
+
+    trace_opts = trace_options(kw)
     slo = _slo(kw["slo"])
     if not slo:
         raise ConfigError("--slo: give at least one limit, e.g. ttft=2,tbt=0.1")

@@ -76,13 +76,9 @@ class _RichReporter(Reporter):
 
 def config_from_flags(kw: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` the flags ask for (flag syntax is checked here, values by ``RunConfig.check``)."""
-    trace_opts: dict[str, Any] = {}
-    try:
-        from .trace import split_trace_options
-        read, transform = split_trace_options(kw)
-        trace_opts = {**read, **transform}
-    except ImportError:  # pragma: no cover
-        pass
+    from .trace import trace_options
+
+    trace_opts = trace_options(kw)
     routers = _split_csv(kw["routers"])
     rates = _rates(kw["rate"])
     endpoints = list(kw["endpoints"])

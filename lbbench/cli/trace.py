@@ -83,6 +83,12 @@ def split_trace_options(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[st
     return read, transform
 
 
+def trace_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the shared trace flags from a command's kwargs, as one dict of read and transform options."""
+    read, transform = split_trace_options(kwargs)
+    return {**read, **transform}
+
+
 def load_trace_from_options(path: str | Path, options: dict[str, Any], rate: float | None = None,
                             requests: int | None = None) -> list[Request]:
     """Requests of a trace given the shared flags (as ``split_trace_options`` leaves

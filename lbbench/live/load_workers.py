@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from ..core import Request
 from .clock import ClockOffset, measure_offset
+from .workers import token_events
 
 _LEN = struct.Struct("!I")
 #: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
@@ -274,17 +275,8 @@ class _Worker:
         self.out.write(batch)
 
     async def _one(self, req: Request, inst: int, raw: bytes) -> None:
-        rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
-        last = [-math.inf]
-
-        def on_tokens(count: int, t: float) -> None:
-            if last[0] == -math.inf:
-                emit(("first", rid, inst, t))
-                last[0] = t
-            elif t - last[0] >= step_s:
-                emit(("tokens", rid, inst, t, count))
-                last[0] = t
-
+        rid, emit = req.request_id, self._emit
+        on_tokens = token_events(rid, inst, self.s.min_step_s, emit)
         res = await self.client.send(self.s.endpoints[inst], req, on_tokens, raw)
         emit(("done", rid, inst, res))
 

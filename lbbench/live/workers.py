@@ -28,6 +28,24 @@ from typing import Any, Callable
 from ..core import Request
 
 
+def token_events(rid: str, inst: int, min_step_s: float, emit: Callable[[tuple], None]
+                 ) -> Callable[[int, float], None]:
+    """A stream's token callback that emits ``("first", ...)`` once, then ``("tokens", ...)`` at most once per
+    ``min_step_s`` (the throttling ``Drive.token_observer`` applies), for a worker that reports to its driver."""
+    last = -math.inf
+
+    def on_tokens(count: int, t: float) -> None:
+        nonlocal last
+        if last == -math.inf:
+            emit(("first", rid, inst, t))
+            last = t
+        elif t - last >= min_step_s:
+            emit(("tokens", rid, inst, t, count))
+            last = t
+
+    return on_tokens
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     endpoints: tuple[str, ...]
@@ -108,17 +126,8 @@ class _Worker:
             self.stopped.set()
 
     async def _one(self, req: Request, inst: int) -> None:
-        rid, step_s, emit = req.request_id, self.s.min_step_s, self._emit
-        last = [-math.inf]
-
-        def on_tokens(count: int, t: float) -> None:
-            if last[0] == -math.inf:
-                emit(("first", rid, inst, t))
-                last[0] = t
-            elif t - last[0] >= step_s:
-                emit(("tokens", rid, inst, t, count))
-                last[0] = t
-
+        rid, emit = req.request_id, self._emit
+        on_tokens = token_events(rid, inst, self.s.min_step_s, emit)
         res = await self.backend.send(self.s.endpoints[inst], req, on_tokens)
         self.prios.pop(rid, None)
         self.backend.prompt_texts.pop(rid, None)
