@@ -14,8 +14,8 @@ shipped the run stops with the message that says how to train one.
 
 **A100 load.** The paper runs 4 x A100 at 80 req/s, where its round robin is
 at 248 s mean E2E: deep overload. lbbench's re-derived A100 profile serves
-paper-mix at ~75 req/s (2000 requests drain in ~27 s), so 80 req/s is barely
-saturated (round robin ~3.6 s). ``a100`` therefore runs at 200 req/s, the
+paper-mix at roughly 75 req/s, so 80 req/s is barely saturated (round robin
+4.7 s with the efficiency fitted to measured A100 timings, 3.6 s before). ``a100`` therefore runs at 200 req/s, the
 main setup's offered load relative to capacity (4 x V100 serves ~7.2 req/s;
 20 req/s is 2.8 x that; 2.8 x 75 = 210). ``a100-80`` keeps the paper's rate.
 
