@@ -51,7 +51,14 @@ MIN_SCALE, MAX_SCALE = 1 / 16, 32.0
 #: the joint fit stops when neither factor moved by more than this (relative) in a round: the simulator is
 #: event-driven, so its means move in small steps with the costs and the fixed point is found to about 1 %
 TOLERANCE = 0.02
-MAX_ROUNDS = 12
+MAX_ROUNDS = 16
+#: from this round on each factor moves halfway (in log space) toward its new fit: a damped fixed-point iteration,
+#: so that two factors that pull on each other's statistic settle instead of trading places round after round
+DAMP_AFTER_ROUNDS = 4
+
+
+def _damped(old: float, new: float, rounds: int) -> float:
+    return math.sqrt(old * new) if rounds > DAMP_AFTER_ROUNDS else new
 #: the step costs each factor multiplies (``[step]`` keys, then ``[mixing]`` keys)
 DECODE_STEP_KEYS, DECODE_MIXING_KEYS = ("base_s", "decode_seq_s", "context_token_s"), ("grad2", "min_step_s")
 PREFILL_STEP_KEYS, PREFILL_MIXING_KEYS = ("prefill_token_s",), ("grad1",)
@@ -195,6 +202,7 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
                          what=f"the live mean TTFT ({live_ttft * 1e3:.1f} ms) is outside what prefill {bracket} give "
                               f"(with the decode-step costs x{new_sd:.3g} and the measured API overhead "
                               f"{profile.api_overhead_s * 1e3:.2f} ms)")
+        new_sd, new_sp = _damped(sd, new_sd, rounds), _damped(sp, new_sp, rounds)
         moved = max(abs(new_sd / sd - 1), abs(new_sp / sp - 1))
         sp, sd = new_sp, new_sd
         if moved < TOLERANCE:
@@ -238,6 +246,7 @@ def _fit_split(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
         new_sp = _argmin_log(misfit, iterations=iterations)
         # the prefill factor is a best fit on a misfit the event-driven simulator makes flat and ragged near its
         # minimum; it follows the decode factor, so the rounds stop when the decode factor settles
+        new_sd = _damped(sd, new_sd, rounds)
         moved = abs(new_sd / sd - 1)
         sp, sd = new_sp, new_sd
         if moved < TOLERANCE:
