@@ -58,7 +58,9 @@ def test_live_priority_order_through_an_emulated_server():
     # lengths (not their true ones, all equal) decide the order under the priority policy
     prof = tiny_profile(max_num_seqs=1, base_s=0.02)
     predicted = {1: 40, 2: 5, 3: 20, 4: 10}
-    reqs = [req(0, 0.0, 8, 6)] + [replace(req(i, 0.01 + 0.001 * i, 8, 6), predicted_output_tokens=p)
+    # 5 ms apart, all inside request 0's ~0.14 s of service, with a warm connection each: the arrival order at the
+    # server is the send order even when the host delays one send by a few milliseconds
+    reqs = [req(0, 0.0, 8, 6)] + [replace(req(i, 0.01 + 0.005 * i, 8, 6), predicted_output_tokens=p)
                                   for i, p in predicted.items()]
     order = {}
     for sched in ("fcfs", "priority"):
@@ -66,7 +68,7 @@ def test_live_priority_order_through_an_emulated_server():
             prio = (lambda r: request_priority(r, prof)) if sched == "priority" else None
             res = run_replay(reqs, get_router("round_robin", num_instances=1), fleet.endpoints, run_id="t",
                              seed=0, scrape_interval_s=None, min_step_s=prof.min_step_s, priority_of=prio,
-                             warm_connections=2)
+                             warm_connections=len(reqs))
         assert res.complete and all(r.error is None for r in res.records)
         order[sched] = [r.request_id for r in sorted(res.records, key=lambda r: r.first_token_s)]
     assert order["fcfs"] == [0, 1, 2, 3, 4]
