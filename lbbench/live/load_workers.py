@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 from ..core import Request
 from .clock import ClockOffset, measure_offset
-from .workers import token_events
+from .workers import WorkerSettings, token_events
 
 _LEN = struct.Struct("!I")
 #: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
@@ -47,14 +47,8 @@ EARLY_WAKE_S = 0.0002
 
 
 @dataclass(frozen=True)
-class LoadWorkerSettings:
-    endpoints: tuple[str, ...]
-    model: str
-    api: str
-    engine: str
-    request_timeout_s: float
-    min_step_s: float
-    warm_connections: int
+class LoadWorkerSettings(WorkerSettings):
+    """A stream worker's settings, plus the ping-pong rounds of the clock-offset measurement."""
     ping_rounds: int = 16
 
 
