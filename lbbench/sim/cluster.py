@@ -26,8 +26,8 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 
-from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished,
-                    MetricsSample, Request, RequestRecord, chain_sessions)
+from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken,
+                    MetricsSample, Request, RequestRecord, StepsAdvanced, chain_sessions)
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
 from .instance import SimInstance, SimRequest
@@ -128,9 +128,14 @@ class ClusterSim:
         if not events:
             return 0
         done = 0
-        obs = self.dispatcher.observe
+        disp = self.dispatcher
+        # the dispatcher's observe is the state's apply plus the router's event hook: without a hook, apply directly
+        obs = disp.state.apply if disp._on_event is None and type(disp) is Dispatcher else disp.observe
         for ev in events:
             obs(ev)
+            cls = type(ev)
+            if cls is StepsAdvanced or cls is FirstToken:
+                continue
             if isinstance(ev, Finished):
                 done += 1
             elif isinstance(ev, Failed):
@@ -258,8 +263,45 @@ class ClusterSim:
         self._auto = True
         self._progress = progress
         step, reqs, heap = self._step_event, self.requests, self._heap
-        while self.num_completed < self.num_requests and (self._next_arrival < len(reqs) or heap):
-            step()  # the loop of done / _has_events, inlined: it runs once per event
+        n_reqs, insts, wake_version = len(reqs), self.instances, self._wake_version
+        heappop, heappush = heapq.heappop, heapq.heappush
+        dispatcher = self.dispatcher
+        # the loop of done / _has_events / _step_event, with the instance wake-up (most events) inlined
+        while self.num_completed < self.num_requests:
+            na = self._next_arrival
+            if heap:
+                top = heap[0]
+                if na < n_reqs:
+                    ta = reqs[na].arrival_s
+                    if ta < top[0] or (ta == top[0] and top[1] > _ARRIVAL):
+                        step()  # an arrival
+                        continue
+                if top[1] != _WAKE:
+                    step()
+                    continue
+                t, _, _, _, (i, ver) = heappop(heap)
+                if t > self.now_s:
+                    self.now_s = t
+                if ver != wake_version[i]:
+                    continue  # a wake-up superseded by a later plan of that instance
+                inst = insts[i]
+                completed = self.num_completed
+                events = inst.advance(t)  # finishes are recorded as they happen (the finish hook)
+                if events:
+                    self._observe(events)
+                # _reschedule, inlined
+                wake_version[i] = ver = ver + 1
+                k = inst.seg_k
+                if k:
+                    self._seq += 1
+                    heappush(heap, (inst.seg_t0 + (k * inst.seg_a + inst.seg_b * k * (k - 1) * 0.5), _WAKE,
+                                    self._seq, _WAKE, (i, ver)))
+                if self.num_completed != completed and len(dispatcher):
+                    self._epoch()
+            elif na < n_reqs:
+                step()
+            else:
+                break
         if not self.done:
             raise RuntimeError(f"simulation stalled with {len(self.dispatcher.queue)} requests at the "
                                f"router (router {router.name!r} never dispatched them)")

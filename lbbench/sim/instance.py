@@ -224,14 +224,17 @@ class SimInstance:
     def advance(self, until_s: float) -> list[Event]:
         """Run every step that ends at or before ``until_s``."""
         events: list[Event] = []
+        k = self.seg_k
+        if not k:
+            return events
         limit = until_s + 1e-12
-        while self.seg_k:
-            k = self.seg_k
+        while k:
             end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)  # _cum(k), inlined (hot)
             if end > limit:
                 break
             self._finish_segment(end, events)
             self._plan(events)
+            k = self.seg_k
         return events
 
     def abort(self, rid: int) -> None:
@@ -383,51 +386,86 @@ class SimInstance:
         Decoding requests are not listed in the schedule: they follow the step
         clock. ``seg_sched`` holds only the prefill work of the step.
         """
-        t = self.now_s
-        if not self.running and not self.waiting:
+        running = self.running
+        waiting = self.waiting
+        if not running and not waiting:
             self.seg_k = 0
             return
+        t = self.now_s
         self.seg_prefill_only = False
-        if self.v0 and self.waiting and self._plan_prefill_only(t):
-            return
         bs = self.bs
-        budget = self.budget
-        sched: list[tuple[SimRequest, int]] = []
-        preempted = False
-        demand = self.hist[(-self.clock) % bs] if self.n_dec else 0
-        if self.n_dec == len(self.running) and demand <= self.num_blocks - self.used_blocks:
+        if waiting and self.v0:
+            if self.scheduler == "fcfs" and self.cache is None:
+                # the usual outcome under load, decided without _admit: the head of the queue does not fit (the
+                # same tests as _admit's first iteration, which would break there)
+                r = waiting[0]
+                need = r.prompt_tokens + r.generated - r.num_computed
+                if not (len(running) >= self.max_num_seqs or need > self.budget
+                        or -(-(r.num_computed + need) // bs) - r.blocks
+                        > self.num_blocks - self.used_blocks - (self.watermark_blocks if running else 0)):
+                    if self._plan_prefill_only(t):
+                        return
+            elif self._plan_prefill_only(t):
+                return
+        clock = self.clock
+        n = self.n_dec
+        demand = self.hist[(-clock) % bs] if n else 0
+        if n == len(running) and demand <= self.num_blocks - self.used_blocks:
             # common case: every running request decodes and their new blocks fit
             self.used_blocks += demand
-            budget -= self.n_dec
+            if not waiting or self.v0:  # nothing to admit (V0 admits only in prefill-only steps)
+                sched = None
+            else:
+                sched = []
+                self._admit(self.budget - n, 0, sched)
+            preempted = False
         else:
+            sched = []
             preempted = self._schedule_running(t, events, sched)
-            budget -= self.n_dec + sum(need for _, need in sched)
-        # waiting requests, unless this step preempted (V0 admits only in prefill-only steps)
-        if not preempted and not self.v0:
-            self._admit(budget, 0, sched)
-        n = self.n_dec
-        if not sched and not n:
-            # nothing fits (every waiting request needs more than is free and nothing runs)
-            self.seg_k = 0
-            return
-        decode_a = self._base + self._b * n + self._c * (self.sum_key + n * self.clock + n)
-        if not sched and not preempted:
-            # pure decode: repeat until a finish, a failing allocation, or an external event
-            k_finish = self._peek_finish() - self.clock
-            k = max(1, min(k_finish, self._max_alloc_steps())) if self.skip_ahead else 1
-            self.seg_a = decode_a
-            self.seg_b = self._c * n
-            self.seg_sched = None
+            n = self.n_dec
+            # waiting requests, unless this step preempted (V0 admits only in prefill-only steps)
+            if not preempted and not self.v0:
+                self._admit(self.budget - n - sum(need for _, need in sched), 0, sched)
+        if not sched:
+            if not n:
+                # nothing fits (every waiting request needs more than is free and nothing runs)
+                self.seg_k = 0
+                return
+            if not preempted:
+                # pure decode: repeat until a finish, a failing allocation, or an external event
+                k = 1
+                if self.skip_ahead:
+                    heap = self.heap
+                    reqs = self.reqs
+                    while heap:  # _peek_finish, inlined (hot)
+                        fc, rid, ver = heap[0]
+                        r = reqs.get(rid)
+                        if r is None or r.version != ver or not r.decoding:
+                            heapq.heappop(heap)
+                            continue
+                        if fc - clock > 1:
+                            k = min(fc - clock, self._max_alloc_steps())
+                        break
+                c = self._c
+                self.seg_a = self._base + self._b * n + c * (self.sum_key + n * clock + n)
+                self.seg_b = c * n
+                self.seg_sched = None
+                self.seg_t0 = t
+                self.seg_k = k
+                if self.check_invariants:
+                    self._assert_invariants([])
+                return
+        decode_a = self._base + self._b * n + self._c * (self.sum_key + n * clock + n)
+        if sched:
+            self.seg_a = decode_a + self._a * sum(need for _, need in sched)
         else:
-            prefill = sum(need for _, need in sched)
-            self.seg_a = decode_a + self._a * prefill
-            self.seg_b = 0.0
-            self.seg_sched = sched
-            k = 1
+            self.seg_a = decode_a + self._a * 0
+        self.seg_b = 0.0
+        self.seg_sched = sched if sched is not None else []
         self.seg_t0 = t
-        self.seg_k = k
+        self.seg_k = 1
         if self.check_invariants:
-            self._assert_invariants(sched)
+            self._assert_invariants(self.seg_sched)
 
     def _admit(self, budget: int, reserve_blocks: int, sched: list[tuple[SimRequest, int]]) -> None:
         """Move waiting requests (in scheduler order) to running while the token
@@ -471,17 +509,9 @@ class SimInstance:
     def _plan_prefill_only(self, t: float) -> bool:
         """V0: admit waiting requests (scheduler order) whose whole prompt fits the
         budget and the free blocks above the watermark; if any, the step prefills
-        only them. Returns whether such a step was planned."""
+        only them. Returns whether such a step was planned. (In the FCFS, no-cache case ``_plan``
+        calls it only when the head of the queue fits.)"""
         reserve = self.watermark_blocks if self.running else 0
-        if self.scheduler == "fcfs" and self.cache is None:
-            # the usual outcome under load, decided without _admit: the head of the queue does not fit (the
-            # same tests as _admit's first iteration, which would break there)
-            r = self.waiting[0]
-            need = r.prompt_tokens + r.generated - r.num_computed
-            if (len(self.running) >= self.max_num_seqs or need > self.budget
-                    or -(-(r.num_computed + need) // self.bs) - r.blocks
-                    > self.num_blocks - self.used_blocks - reserve):
-                return False
         sched: list[tuple[SimRequest, int]] = []
         self._admit(self.budget, reserve, sched)
         if not sched:
@@ -506,20 +536,27 @@ class SimInstance:
         budget = self.budget
         preempted = False
         dec_left = self.n_dec
+        running = self.running
+        clock = self.clock
+        num_blocks = self.num_blocks
+        cache = self.cache
         i = 0
-        while i < len(self.running):
-            r = self.running[i]
+        while i < len(running):
+            r = running[i]
             if r.decoding:
                 dec_left -= 1
-                need = 1
-                grow = 1 if (r.key + self.clock) % bs == 0 else 0
+                if (r.key + clock) % bs:  # its next token fits in the blocks it holds
+                    budget -= 1
+                    i += 1
+                    continue
+                need = grow = 1
             else:
                 need = min(r.num_tokens - r.num_computed, budget - dec_left)
                 if need <= 0:
                     i += 1
                     continue
                 grow = -(-(r.num_computed + need) // bs) - r.blocks
-            while grow > self.num_blocks - self.used_blocks:
+            while grow > num_blocks - self.used_blocks:
                 victim = self._victim(i)
                 preempted = True
                 if victim.decoding and victim is not r:
@@ -532,9 +569,9 @@ class SimInstance:
                 if not r.decoding:
                     r.blocks += grow
                     sched.append((r, need))
-                    if self.cache is not None and r.keys:
-                        self.cache.settle(self.num_blocks - self.used_blocks)
-                        self.cache.register(r, (r.num_computed + need) // bs)
+                    if cache is not None and r.keys:
+                        cache.settle(num_blocks - self.used_blocks)
+                        cache.register(r, (r.num_computed + need) // bs)
                 budget -= need
                 i += 1
                 continue
@@ -579,35 +616,34 @@ class SimInstance:
 
     def _finish_segment(self, end_s: float, events: list[Event]) -> None:
         k = self.seg_k
-        t0 = self.seg_t0
         sched = self.seg_sched
         off_clock = self.seg_prefill_only
+        clock = self.clock
         if off_clock:  # V0 prefill-only step: the decode clock stands still
             k = 0
-        elif k == 1 and self.clock < len(self._ends):  # _log_steps' one-step case, inlined (hot)
-            self._ends[self.clock] = t0 + self.seg_a
         else:
-            self._log_steps(t0, k)
-        if sched is None and k > 1:
-            # block demand of steps 2..k of a pure-decode segment
-            bs = self.bs
-            hist = self.hist
-            c = self.clock
-            demand = 0
-            full = (k - 1) // bs
-            if full:
-                demand += full * self.n_dec
-            for j in range(1 + full * bs, k):
-                demand += hist[(-(c + j)) % bs]
-            self.used_blocks += demand
-        self.clock += k
+            if k == 1 and clock < len(self._ends):  # _log_steps' one-step case, inlined (hot)
+                self._ends[clock] = self.seg_t0 + self.seg_a
+            else:
+                self._log_steps(self.seg_t0, k)
+                if sched is None:
+                    # block demand of steps 2..k of a pure-decode segment
+                    bs = self.bs
+                    hist = self.hist
+                    full = (k - 1) // bs
+                    demand = full * self.n_dec if full else 0
+                    for j in range(1 + full * bs, k):
+                        demand += hist[(-(clock + j)) % bs]
+                    self.used_blocks += demand
+            clock += k
+            self.clock = clock
+            events.append(StepsAdvanced(self.index, end_s, k))
         self.now_s = end_s
         self.seg_k = 0
-        if k:
-            events.append(StepsAdvanced(self.index, end_s, k))
-        if sched is not None:
+        if sched:
+            reqs = self.reqs
             for r, need in sched:
-                if r.rid not in self.reqs:
+                if r.rid not in reqs:
                     continue
                 r.num_computed += need
                 if r.num_computed == r.prompt_tokens + r.generated:  # num_tokens
@@ -618,17 +654,19 @@ class SimInstance:
                     self._start_decoding(r, end_s if off_clock else None)
         # finishes
         heap = self.heap
-        while heap and heap[0][0] <= self.clock:
-            fc, rid, ver = heapq.heappop(heap)
-            r = self.reqs.get(rid)
-            if r is None or r.version != ver or not r.decoding:
-                continue
-            self._free(r)
-            self.running.remove(r)
-            del self.reqs[rid]
-            r.finish_s = end_s
-            events.append(Finished(rid, self.index, end_s, r.generated))
-            self._on_finish(r)
+        if heap and heap[0][0] <= clock:
+            reqs = self.reqs
+            while heap and heap[0][0] <= clock:
+                fc, rid, ver = heapq.heappop(heap)
+                r = reqs.get(rid)
+                if r is None or r.version != ver or not r.decoding:
+                    continue
+                self._free(r)
+                self.running.remove(r)
+                del reqs[rid]
+                r.finish_s = end_s
+                events.append(Finished(rid, self.index, end_s, r.generated))
+                self._on_finish(r)
         if self.check_invariants:
             assert 0 <= self.used_blocks <= self.num_blocks, self.used_blocks
             assert len(self.running) <= self.max_num_seqs
