@@ -352,6 +352,21 @@ class ClusterState:
         return list(self._inst[instance].entries)
 
     # -- event handling ---------------------------------------------------------------
+    def apply_all(self, events: Iterable[Event]) -> None:
+        """``apply`` each event in order; the simulator's most frequent event (``StepsAdvanced``) handled inline."""
+        insts = self._inst
+        apply = self.apply
+        for ev in events:
+            if type(ev) is StepsAdvanced:
+                if ev.time_s > self.now_s:
+                    self.now_s = ev.time_s
+                self._gen += 1
+                inst = insts[ev.instance]
+                inst.view = None
+                inst.clock += ev.num_steps
+            else:
+                apply(ev)
+
     def apply(self, ev: Event) -> None:  # noqa: C901 - one branch per event type
         if ev.time_s > self.now_s:
             self.now_s = ev.time_s
@@ -479,22 +494,16 @@ class ClusterState:
                 out.append(inst.view)
                 continue
             generated = inst.sum_fixed + inst.n_ticking * inst.clock - inst.sum_base
-            detail_rows = _DetailSource(self, i, self._gen) if detail else None
+            n = len(inst.entries)
+            # positional, in field order (index, healthy, spec, num_outstanding, num_prefilling, num_decoding,
+            # prompt_tokens_pending, context_tokens, predicted_tokens_remaining, predicted_footprint_tokens,
+            # min_remaining_tokens, prompt_bucket_counts, decode_bucket_counts, metrics, _detail): a view per
+            # touched instance per decision
             out.append(iv := InstanceView(
-                index=i, healthy=inst.healthy, spec=inst.spec,
-                num_outstanding=len(inst.entries),
-                num_prefilling=inst.n_prefilling,
-                num_decoding=len(inst.entries) - inst.n_prefilling,
-                prompt_tokens_pending=inst.prompt_pending,
-                context_tokens=inst.prompt_decoding + generated,
-                predicted_tokens_remaining=inst.sum_expected - generated,
-                predicted_footprint_tokens=inst.sum_prompt + inst.sum_expected,
-                min_remaining_tokens=self._min_remaining(inst),
-                prompt_bucket_counts=tuple(inst.pcounts),
-                decode_bucket_counts=tuple(inst.dcounts),
-                metrics=inst.metrics,
-                _detail=detail_rows,
-            ))
+                i, inst.healthy, inst.spec, n, inst.n_prefilling, n - inst.n_prefilling, inst.prompt_pending,
+                inst.prompt_decoding + generated, inst.sum_expected - generated, inst.sum_prompt + inst.sum_expected,
+                self._min_remaining(inst) if inst.heap else None, tuple(inst.pcounts), tuple(inst.dcounts),
+                inst.metrics, _DetailSource(self, i, self._gen) if detail else None))
             if not detail:
                 inst.view = iv
         return ClusterView(self.now_s, tuple(out))

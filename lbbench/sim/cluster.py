@@ -265,7 +265,6 @@ class ClusterSim:
         step, reqs, heap = self._step_event, self.requests, self._heap
         n_reqs, insts, wake_version = len(reqs), self.instances, self._wake_version
         heappop, heappush = heapq.heappop, heapq.heappush
-        dispatcher = self.dispatcher
         # the loop of done / _has_events / _step_event, with the instance wake-up (most events) inlined
         while self.num_completed < self.num_requests:
             na = self._next_arrival
@@ -287,16 +286,18 @@ class ClusterSim:
                 inst = insts[i]
                 completed = self.num_completed
                 events = inst.advance(t)  # finishes are recorded as they happen (the finish hook)
-                if events:
-                    self._observe(events)
+                if events:  # no failures among them (an instance rejects a request only when it is added)
+                    disp = self.dispatcher
+                    if disp._on_event is None and type(disp) is Dispatcher:
+                        disp.state.apply_all(events)
+                    else:
+                        self._observe(events)
                 # _reschedule, inlined
                 wake_version[i] = ver = ver + 1
-                k = inst.seg_k
-                if k:
+                if inst.seg_k:
                     self._seq += 1
-                    heappush(heap, (inst.seg_t0 + (k * inst.seg_a + inst.seg_b * k * (k - 1) * 0.5), _WAKE,
-                                    self._seq, _WAKE, (i, ver)))
-                if self.num_completed != completed and len(dispatcher):
+                    heappush(heap, (inst.seg_end, _WAKE, self._seq, _WAKE, (i, ver)))
+                if self.num_completed != completed and len(self.dispatcher):
                     self._epoch()
             elif na < n_reqs:
                 step()

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
@@ -145,6 +147,7 @@ class SimInstance:
         # the segment in progress
         self.seg_t0 = 0.0
         self.seg_k = 0  # planned steps; 0 = idle
+        self.seg_end = 0.0  # when the segment's last step ends: seg_t0 + _cum(seg_k), kept with seg_k
         self.seg_a = 0.0
         self.seg_b = 0.0
         self.seg_sched: list[tuple[SimRequest, int]] | None = None  # slow step: (request, tokens)
@@ -193,10 +196,7 @@ class SimInstance:
 
     def next_event_s(self) -> float | None:
         """End of the segment in progress (when state next changes), or None if idle."""
-        k = self.seg_k
-        if k == 0:
-            return None
-        return self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)  # _cum(k), inlined (hot)
+        return self.seg_end if self.seg_k else None
 
     def add(self, request: Request, now_s: float) -> list[Event]:
         """The request reaches this instance at ``now_s``; returns events that happened up to then."""
@@ -218,23 +218,23 @@ class SimInstance:
         else:
             # the step in progress at now_s runs with the old batch; re-plan at its end
             m = self._steps_done_by(now_s - self.seg_t0)
-            self.seg_k = min(self.seg_k, m + 1)
+            if m + 1 < self.seg_k:
+                self.seg_k = k = m + 1
+                self.seg_end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
         return events
 
     def advance(self, until_s: float) -> list[Event]:
         """Run every step that ends at or before ``until_s``."""
         events: list[Event] = []
-        k = self.seg_k
-        if not k:
+        if not self.seg_k:
             return events
         limit = until_s + 1e-12
-        while k:
-            end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)  # _cum(k), inlined (hot)
+        while self.seg_k:
+            end = self.seg_end
             if end > limit:
                 break
             self._finish_segment(end, events)
             self._plan(events)
-            k = self.seg_k
         return events
 
     def abort(self, rid: int) -> None:
@@ -290,36 +290,38 @@ class SimInstance:
     def _start_decoding(self, r: SimRequest, off_clock_s: float | None = None) -> None:
         """``r`` just produced a token at the end of step ``self.clock``, or, from a
         V0 prefill-only step that did not advance the clock, at ``off_clock_s``."""
+        clock = self.clock
         r.decoding = True
-        r.c0 = self.clock
-        r.g0 = r.generated
-        r.key = r.num_computed - self.clock
+        r.c0 = clock
+        r.g0 = g = r.generated
+        r.key = key = r.num_computed - clock
         self.n_dec += 1
-        self.hist[r.key % self.bs] += 1
-        self.sum_key += r.key
-        r.version += 1
-        heapq.heappush(self.heap, (self.clock + r.output_tokens - r.generated, r.rid, r.version))
+        self.hist[key % self.bs] += 1
+        self.sum_key += key
+        r.version = v = r.version + 1
+        heapq.heappush(self.heap, (clock + r.output_tokens - g, r.rid, v))
         if off_clock_s is None:
-            r.ranges.append((self.clock, self.clock))
+            r.ranges.append((clock, clock))
         else:  # its next token comes with the next decode step
-            r.ranges.append((self.clock + 1, self.clock))
+            r.ranges.append((clock + 1, clock))
             if r.extra_times is None:
                 r.extra_times = []
             r.extra_times.append(off_clock_s)
 
     def _stop_decoding(self, r: SimRequest) -> None:
         """Freeze the counters of a decoding request (before preemption or finish)."""
-        k = self.clock - r.c0
-        r.generated = r.g0 + k
-        r.num_computed = r.key + self.clock
-        r.blocks = -(-r.num_computed // self.bs)
+        clock = self.clock
+        key = r.key
+        r.generated = r.g0 + (clock - r.c0)
+        r.num_computed = n = key + clock
+        r.blocks = -(-n // self.bs)
         r.decoding = False
         self.n_dec -= 1
-        self.hist[r.key % self.bs] -= 1
-        self.sum_key -= r.key
+        self.hist[key % self.bs] -= 1
+        self.sum_key -= key
         r.version += 1
-        first, _ = r.ranges[-1]
-        r.ranges[-1] = (first, self.clock)
+        ranges = r.ranges
+        ranges[-1] = (ranges[-1][0], clock)
 
     def _free(self, r: SimRequest, preempted: bool = False) -> None:
         if r.decoding:
@@ -452,6 +454,7 @@ class SimInstance:
                 self.seg_sched = None
                 self.seg_t0 = t
                 self.seg_k = k
+                self.seg_end = t + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
                 if self.check_invariants:
                     self._assert_invariants([])
                 return
@@ -464,6 +467,7 @@ class SimInstance:
         self.seg_sched = sched if sched is not None else []
         self.seg_t0 = t
         self.seg_k = 1
+        self.seg_end = t + (self.seg_a + self.seg_b * 0 * 0.5)  # seg_t0 + _cum(1)
         if self.check_invariants:
             self._assert_invariants(self.seg_sched)
 
@@ -474,15 +478,17 @@ class SimInstance:
         prefill. Appends ``(request, tokens)`` to ``sched``."""
         bs = self.bs
         cache = self.cache
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            r = self._pick_waiting()
+        waiting, running = self.waiting, self.running
+        fcfs = self.scheduler == "fcfs"
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            r = waiting[0] if fcfs else self._pick_waiting()
             hit = None
             computed, held, taken = r.num_computed, r.blocks, 0
             if cache is not None and computed == 0 and (r.keys or r.own_entry is not None):
                 cache.settle(self.num_blocks - self.used_blocks)
                 hit = cache.peek(r)
                 computed, held, taken = hit.blocks * bs, hit.blocks, hit.from_free
-            need = r.num_tokens - computed
+            need = r.prompt_tokens + r.generated - computed
             if need > budget:
                 if not self.chunked_prefill:
                     break
@@ -490,8 +496,11 @@ class SimInstance:
             grow = -(-(computed + need) // bs) - held
             if grow + taken > self.num_blocks - self.used_blocks - reserve_blocks:
                 break
-            self.waiting.remove(r)
-            self.running.append(r)
+            if r is waiting[0]:
+                waiting.popleft()
+            else:
+                waiting.remove(r)
+            running.append(r)
             if hit is not None:
                 cache.acquire(r, hit)  # type: ignore[union-attr]
                 r.num_computed, r.blocks = computed, held
@@ -522,6 +531,7 @@ class SimInstance:
         self.seg_prefill_only = True
         self.seg_t0 = t
         self.seg_k = 1
+        self.seg_end = t + (self.seg_a + self.seg_b * 0 * 0.5)  # seg_t0 + _cum(1)
         if self.check_invariants:
             self._assert_invariants(sched)
         return True
@@ -533,12 +543,32 @@ class SimInstance:
         partially prefilled request never starves a decode; vLLM reaches the same
         result by ordering). Returns whether anything was preempted."""
         bs = self.bs
-        budget = self.budget
-        preempted = False
-        dec_left = self.n_dec
         running = self.running
         clock = self.clock
         num_blocks = self.num_blocks
+        if self.n_dec == len(running) and self.scheduler != "priority":
+            # every running request decodes (no budget question): only those at a block boundary need a block; the
+            # newest requests are preempted, one at a time, when none is free. The victims are the tail of the list,
+            # so once one of the requests that need a block was preempted, every later one was too.
+            at = (-clock) % bs
+            preempted = False
+            for r in [r for r in running if r.key % bs == at]:
+                if not r.decoding:  # preempted as a victim already
+                    break
+                while self.used_blocks >= num_blocks:
+                    victim = running[-1]
+                    preempted = True
+                    self._preempt(victim, t, events)
+                    if victim is r:
+                        break
+                else:
+                    self.used_blocks += 1
+                    continue
+                break  # r itself was preempted: it was the last one
+            return preempted
+        budget = self.budget
+        preempted = False
+        dec_left = self.n_dec
         cache = self.cache
         i = 0
         while i < len(running):
@@ -597,22 +627,14 @@ class SimInstance:
         if n == 0:
             return 1 << 30
         bs = self.bs
-        hist = self.hist
-        c = self.clock
-        full = free // n  # whole cycles of bs steps
+        full = free // n  # whole cycles of bs steps (each cycle needs one block per decoding request)
         k = 1 + full * bs
-        free -= full * n
-        j = 0
-        while True:
-            # demand of step k+1 starts at clock c + k
-            d = hist[(-(c + k)) % bs]
-            if d > free:
-                return k
-            free -= d
-            k += 1
-            j += 1
-            if j > bs:
-                return k
+        free -= full * n  # < n: the next cycle does not fit
+        # demand of step k+1 starts at clock c + k: hist[(c + k) mod bs], hist[(c + k + 1) mod bs]... counted
+        # backwards; the steps that still fit are those whose running sum of demand stays within the free blocks
+        h = self.hist
+        p = (-(self.clock + k)) % bs + bs
+        return k + bisect_right(list(accumulate((h + h)[p:p - bs:-1])), free)
 
     def _finish_segment(self, end_s: float, events: list[Event]) -> None:
         k = self.seg_k
@@ -632,8 +654,13 @@ class SimInstance:
                     hist = self.hist
                     full = (k - 1) // bs
                     demand = full * self.n_dec if full else 0
-                    for j in range(1 + full * bs, k):
-                        demand += hist[(-(clock + j)) % bs]
+                    j = 1 + full * bs
+                    if k - j > 2:  # the rest of a cycle: a slice of the histogram, counted backwards
+                        p = (-(clock + j)) % bs + bs
+                        demand += sum((hist + hist)[p:p - (k - j):-1])
+                    else:
+                        for j in range(j, k):
+                            demand += hist[(-(clock + j)) % bs]
                     self.used_blocks += demand
             clock += k
             self.clock = clock
