@@ -80,7 +80,7 @@ def _unit_profile():
 
 
 def test_hand_case_planner_keeps_short_requests_off_the_long_ones_instance():
-    """2 instances, all at t=0 in this order: A (10 tokens), B (100), C (10), D (10). Round robin alternates:
+    """2 instances, all at t=0 in this order: A (10 tokens), B (100), C (10), D (10), no margin. Round robin alternates:
     A and C on instance 0 (E2E 0.1 and 0.2 s), B and D on 1 (1.0 and 1.1 s): mean 2.4 / 4. The planner
     with exact rollouts of a round-robin base (a fresh one per rollout, so its next pick is instance 0)
     ties on A (to 0), sends B to 1 (B to 0 would cost 2.5), ties on C (to 0), and sends D behind C on 0
@@ -89,7 +89,8 @@ def test_hand_case_planner_keeps_short_requests_off_the_long_ones_instance():
     reqs = [req(0, 0.0, 4, 10), req(1, 0.0, 4, 100), req(2, 0.0, 4, 10), req(3, 0.0, 4, 10)]
     rr = ClusterSim(profile, 2, reqs).run(get_router("round_robin", num_instances=2, profile=profile))
     assert _mean_e2e(rr) == pytest.approx(2.4 / 4)
-    planner = LookaheadRouter(num_instances=2, profile=profile, base="round_robin", horizon_s="done", refresh_s=0)
+    planner = LookaheadRouter(num_instances=2, profile=profile, base="round_robin", horizon_s="done", refresh_s=0,
+                              margin_s=0, screen_s=0)
     recs = ClusterSim(profile, 2, reqs).run(planner)
     e2e = {r.request_id: r.finish_s - r.arrival_s for r in recs}
     assert e2e == pytest.approx({0: 0.1, 1: 1.0, 2: 0.2, 3: 0.3})
@@ -97,12 +98,14 @@ def test_hand_case_planner_keeps_short_requests_off_the_long_ones_instance():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rows=workloads, base=st.sampled_from(["round_robin", "jsq", "gate"]), reorder=st.booleans())
-def test_exact_rollouts_are_never_worse_than_the_base_policy(rows, base, reorder):
+@given(rows=workloads, base=st.sampled_from(["round_robin", "jsq", "gate", "backfill_gate"]),
+       reorder=st.booleans(), screen_s=st.sampled_from([0.0, 0.02, 1.0]))
+def test_exact_rollouts_are_never_worse_than_the_base_policy(rows, base, reorder, screen_s):
+    """Whatever the screen and margin options say: exact rollouts take neither (one stage, strictly cheaper)."""
     profile = tiny_profile(num_kv_blocks=24)
     reqs = _requests(rows)
     planner = LookaheadRouter(num_instances=2, profile=profile, base=base, horizon_s=math.inf, refresh_s=0,
-                              reorder=reorder)
+                              reorder=reorder, screen_s=screen_s)
     planned = ClusterSim(profile, 2, reqs).run(planner)
     from lbbench.routers.lookahead import make_base
     ref = ClusterSim(profile, 2, reqs).run(make_base(base, 2, 0, profile))
@@ -130,3 +133,48 @@ def test_unbound_planner_and_bad_options_name_the_problem():
         LookaheadRouter(num_instances=2, profile=profile, horizon_s=-1)
     with pytest.raises(PlannerError, match="unknown option"):
         LookaheadRouter(num_instances=2, profile=profile, depth=3)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.tuples(st.floats(0, 2.0), st.integers(1, 60), st.integers(1, 60)), min_size=1,
+                     max_size=30),
+       refresh_s=st.sampled_from([0.0, 0.05, 1.0]))
+def test_the_gate_rollout_epoch_skips_only_deferrals_the_gate_would_make(rows, refresh_s):
+    """A rollout's epochs for a late_binding_srpt base skip the router while it would defer: the records are
+    the plain dispatcher's, and the router is asked less often."""
+    from lbbench.routers.lookahead import _gate_idle_epoch
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = _requests(rows)
+    runs = []
+    for skip in (False, True):
+        sim = ClusterSim(profile, 2, reqs, check_invariants=True)
+        gate = get_router("late_binding_srpt", num_instances=2, profile=profile, order="fcfs", kv_slack=0.0,
+                          refresh_s=refresh_s, calibrate=False)
+        calls = []
+        route = gate.route
+        gate.route = lambda q, v, t: calls.append(t) or route(q, v, t)
+        sim.dispatcher = Dispatcher(gate, sim.state)
+        sim._auto = True
+        if skip:
+            sim._epoch = _gate_idle_epoch(sim, gate)
+        while not sim.done and sim._has_events():
+            sim._step_event()
+        runs.append((sorted(map(_key, sim.records)), len(calls)))
+    assert runs[1][0] == runs[0][0]
+    assert len(runs[1][0]) == len(reqs)
+    assert runs[1][1] <= runs[0][1]
+
+
+def test_a_margin_keeps_the_base_policys_action():
+    """With a margin no candidate can beat, the planner takes exactly what a fresh base policy takes."""
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = [req(i, 0.01 * i, 10 + 3 * i, 30 - 2 * i) for i in range(8)]
+    sim = ClusterSim(profile, 2, reqs)
+    sim.advance(0.06)
+    from lbbench.routers.lookahead import make_base
+    for base in ("jsq", "gate"):
+        want = make_base(base, 2, 0, profile).route(sim.queue, sim.state.view(detail=True), sim.now_s)
+        got = plan_action(sim, horizon_s=0.5, base=base, margin_s=1e9)
+        assert got == want
+    with pytest.raises(PlannerError, match="margin_s"):
+        LookaheadRouter(num_instances=2, profile=profile, margin_s=-0.1)
