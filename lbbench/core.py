@@ -561,13 +561,27 @@ class RequestRecord:
         the time-between-tokens statistics computed from ``token_times`` (:func:`tbt_stats`), and the rest of
         what was measured (``measured``: preemptions, send times, server counts, status, error...)."""
         mean, p99, mx = tbt_stats(token_times) if token_times is not None else (None, None, None)
-        return cls(run_id=run_id, router=router, seed=seed, request_id=req.request_id, task=req.task,
-                   instance=instance, arrival_s=req.arrival_s, dispatch_s=dispatch_s, first_token_s=first_token_s,
-                   finish_s=finish_s, prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
-                   generated_tokens=generated_tokens, predicted_output_tokens=req.predicted_output_tokens,
-                   predicted_bucket=req.predicted_bucket, tbt_mean_s=mean, tbt_p99_s=p99, tbt_max_s=mx,
-                   session_id=req.session_id, turn=req.turn,
-                   think_s=req.think_s if req.session_id is not None else None, **measured)
+        # positional, in field order (checked below the class): a record per request, and keywords cost
+        rec = cls(run_id, router, seed, req.request_id, req.task, instance, req.arrival_s, dispatch_s, first_token_s,
+                  finish_s, req.prompt_tokens, req.output_tokens, generated_tokens, req.predicted_output_tokens,
+                  req.predicted_bucket, None, mean, p99, mx, None, None, None, None, None, None, req.session_id,
+                  req.turn, req.think_s if req.session_id is not None else None, None)
+        for name, value in measured.items():
+            if name not in _MEASURED_FIELDS:
+                raise TypeError(f"for_request: {name!r} is not a measured field of {cls.__name__}")
+            setattr(rec, name, value)
+        return rec
+
+
+#: the record fields ``RequestRecord.for_request`` leaves to what was measured
+_MEASURED_FIELDS = frozenset(("num_preemptions", "planned_send_s", "actual_send_s", "server_prompt_tokens",
+                              "server_output_tokens", "http_status", "error", "cached_prompt_tokens"))
+assert tuple(f.name for f in fields(RequestRecord)) == (
+    "run_id", "router", "seed", "request_id", "task", "instance", "arrival_s", "dispatch_s", "first_token_s",
+    "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "predicted_output_tokens", "predicted_bucket",
+    "num_preemptions", "tbt_mean_s", "tbt_p99_s", "tbt_max_s", "planned_send_s", "actual_send_s",
+    "server_prompt_tokens", "server_output_tokens", "http_status", "error", "session_id", "turn", "think_s",
+    "cached_prompt_tokens"), "RequestRecord.for_request builds records positionally: keep it in field order"
 
 
 def tbt_stats(times: Any) -> tuple[float | None, float | None, float | None]:

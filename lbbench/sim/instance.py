@@ -703,9 +703,13 @@ class SimInstance:
 
     def token_times(self, r: SimRequest) -> np.ndarray:
         """Times of every token of a finished (or frozen) request."""
-        parts = [self._ends[a - 1:b] for a, b in r.ranges]
+        ends = self._ends
+        parts = [ends[a - 1:b] for a, b in r.ranges]
         if r.extra_times:
-            return np.sort(np.concatenate(parts + [np.asarray(r.extra_times)]))
+            parts.append(r.extra_times)
+            times = np.concatenate(parts)
+            times.sort()
+            return times
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _assert_invariants(self, sched: list[tuple[SimRequest, int]]) -> None:
