@@ -285,7 +285,12 @@ class ClusterSim:
                     continue  # a wake-up superseded by a later plan of that instance
                 inst = insts[i]
                 completed = self.num_completed
-                events = inst.advance(t)  # finishes are recorded as they happen (the finish hook)
+                # inst.advance(t), inlined; finishes are recorded as they happen (the finish hook)
+                events = []
+                limit = t + 1e-12
+                while inst.seg_k and inst.seg_end <= limit:
+                    inst._finish_segment(inst.seg_end, events)
+                    inst._plan(events)
                 if events:  # no failures among them (an instance rejects a request only when it is added)
                     disp = self.dispatcher
                     if disp._on_event is None and type(disp) is Dispatcher:

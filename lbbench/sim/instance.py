@@ -449,12 +449,12 @@ class SimInstance:
                             k = min(fc - clock, self._max_alloc_steps())
                         break
                 c = self._c
-                self.seg_a = self._base + self._b * n + c * (self.sum_key + n * clock + n)
-                self.seg_b = c * n
+                self.seg_a = a = self._base + self._b * n + c * (self.sum_key + n * clock + n)
+                self.seg_b = b = c * n
                 self.seg_sched = None
                 self.seg_t0 = t
                 self.seg_k = k
-                self.seg_end = t + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
+                self.seg_end = t + (k * a + b * k * (k - 1) * 0.5)
                 if self.check_invariants:
                     self._assert_invariants([])
                 return
