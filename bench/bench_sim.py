@@ -11,6 +11,7 @@ python bench/bench_sim.py [--repeats N] [--router NAME] [--prefix-caching off|on
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -52,6 +53,8 @@ def measure(args: argparse.Namespace, prof, reqs, caching: bool) -> None:
         rps.append(len(recs) / wall)
     print(f"simulator: {args.instances} x {args.profile}, paper-mix, {args.requests} requests at {args.rate} req/s, "
           f"router {args.router}, prefix caching {'on' if caching else 'off'}, {args.repeats} repeats")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"  host load           {load:10.2f} (1-minute load average on {os.cpu_count()} CPUs, after the runs)")
     print(f"  simulated span      {span:10.1f} s")
     print(f"  wall per episode    {statistics.median(walls) * 1000:10.1f} ms (median; min {min(walls) * 1000:.1f})")
     print(f"  CPU per episode     {statistics.median(cpus) * 1000:10.1f} ms (median; process time, less "

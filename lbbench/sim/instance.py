@@ -480,6 +480,26 @@ class SimInstance:
         cache = self.cache
         waiting, running = self.waiting, self.running
         fcfs = self.scheduler == "fcfs"
+        if cache is None and fcfs:  # the loop below without the cache's steps (V0's prefill-only steps, hot)
+            max_seqs, num_blocks, chunked = self.max_num_seqs, self.num_blocks, self.chunked_prefill
+            while waiting and budget > 0 and len(running) < max_seqs:
+                r = waiting[0]
+                computed = r.num_computed
+                need = r.prompt_tokens + r.generated - computed
+                if need > budget:
+                    if not chunked:
+                        break
+                    need = budget
+                grow = -(-(computed + need) // bs) - r.blocks
+                if grow > num_blocks - self.used_blocks - reserve_blocks:
+                    break
+                waiting.popleft()
+                running.append(r)
+                self.used_blocks += grow
+                r.blocks += grow
+                sched.append((r, need))
+                budget -= need
+            return
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             r = waiting[0] if fcfs else self._pick_waiting()
             hit = None
