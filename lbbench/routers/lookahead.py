@@ -341,7 +341,7 @@ def _evaluate(sim: Any, action: Decision | None, pending: Sequence[tuple[Request
     return _rollout(fork, now, horizon_s, first)
 
 
-def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "backfill_gate",
+def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
                 k: int = 2, pending: Sequence[tuple[Request, int]] = (), seed: int = 0, margin_s: float = 0.05,
                 screen_s: float = 1.0) -> Decision | None:
     """The planner's action at ``sim``'s current decision epoch: ``Decision(queue_index, instance)`` or
@@ -349,7 +349,9 @@ def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 5.0, base
 
     ``sim`` is a ``ClusterSim`` stopped at a decision epoch (step-wise driving: after ``advance``, with
     requests in ``sim.queue``). ``pending``: dispatches already decided in this epoch and not yet sent (the
-    router passes the dispatcher's; a step-wise caller has none). Options as ``LookaheadParams``.
+    router passes the dispatcher's; a step-wise caller has none). Options as ``LookaheadParams``, except the
+    base: ``gate`` (strictly head of line) by default, so that with ``reorder=False`` the action is always the
+    head of the queue (a teacher in the paper's action space reads only its instance).
     """
     params = LookaheadParams(reorder=reorder, horizon_s=horizon_s, base=base, k=k, margin_s=margin_s,
                              screen_s=screen_s)
