@@ -79,7 +79,8 @@ def render_html(rows: list[dict[str, Any]], title: str, notes: list[str]) -> str
               help="Seeds the best classical heuristic is chosen on (first evaluation seed + 1000 on).")
 @click.option("--router", "routers", default="", help="Comma-separated lbbench routers to show as well.")
 @click.option("--router-opt", "router_opts", multiple=True, metavar="ROUTER.KEY=VALUE",
-              help="A router parameter; lookahead.KEY sets the planner (horizon_s, base, k, refresh_s).")
+              help="A router parameter; lookahead.KEY sets the planner (horizon_s, base = backfill_gate | gate | "
+                   "a router, k, refresh_s, margin_s, screen_s).")
 @click.option("--reorder/--no-reorder", default=True, show_default=True,
               help="Also run the planner that may take any queued request (slower).")
 @click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
