@@ -331,8 +331,13 @@ def gate_note(name: str, router: Any) -> str:
     (the network did not beat it on the validation gate's workloads), so that no one reads the
     heuristic's numbers as the network's."""
     v = router.policy.meta.get("validation") or {}
-    seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
-            f"heuristic {v['heuristic_e2e_s']:.1f} s" if v else "")
+    mismatch = getattr(router, "scheduler_mismatch", None)
+    if mismatch and router.policy.meta.get("gate") != "heuristic":
+        seen = (f": its network was trained against {mismatch[0]} engines and the run's are {mismatch[1]} "
+                "(train one with --instance-scheduler)")
+    else:
+        seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
+                f"heuristic {v['heuristic_e2e_s']:.1f} s" if v else "")
     return (f"{name}: checkpoint {router.checkpoint} routes with its guidance heuristic (least mixing penalty)"
             f"{seen}; --router-opt {name}.gate=false routes with the network")
 
@@ -342,8 +347,10 @@ def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int
     from ..routers import get_router
 
     opts = dict(cfg.router_options.get(unit.router, {}))
-    if unit.router in LEARNED_ROUTERS and "checkpoint" not in opts:
-        opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
+    if unit.router in LEARNED_ROUTERS:
+        if "checkpoint" not in opts:
+            opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
+        opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)  # the scheduler guard
     return get_router(unit.router, num_instances=num_instances, seed=unit.seed, profile=profile, **opts)
 
 

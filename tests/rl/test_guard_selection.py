@@ -83,6 +83,24 @@ def test_validation_gate_routes_with_the_heuristic_when_it_validated_better(tmp_
     assert WorkloadGuidedRL(3, checkpoint=tmp_path).route([head], view, 0.0).instance == 2
 
 
+def test_scheduler_guard_routes_with_the_heuristic_on_engines_of_another_scheduler(tmp_path):
+    pol = _policy(-10.0, 10.0)
+    pol.meta["gate"] = "network"
+    pol.meta["trained_on"] = {"instance_scheduler": "fcfs"}
+    pol.save(tmp_path)
+    view = _busy_state().view()
+    head = Request(5, 0.0, 200, 50)
+    same = WorkloadGuidedRL(3, checkpoint=tmp_path, instance_scheduler="fcfs")
+    assert same.scheduler_mismatch is None and same.route([head], view, 0.0).instance == 2
+    other = WorkloadGuidedRL(3, checkpoint=tmp_path, instance_scheduler="priority")
+    assert other.scheduler_mismatch == ("fcfs", "priority") and other.heuristic_only
+    assert other.route([head], view, 0.0).instance == 0 and other.num_fallbacks == 1
+    forced = WorkloadGuidedRL(3, checkpoint=tmp_path, instance_scheduler="priority", gate=False)
+    assert not forced.heuristic_only and forced.route([head], view, 0.0).instance == 2
+    from lbbench.experiment.runner import gate_note
+    assert "trained against fcfs engines and the run's are priority" in gate_note("wgrl", other)
+
+
 def test_shipped_checkpoint_prefers_the_workload_it_was_trained_on(tmp_path, monkeypatch):
     monkeypatch.setattr(pol_mod, "SHIPPED_DIR", tmp_path)
     _policy(-10, 10).save(tmp_path / "wgrl" / "tiny-3x")

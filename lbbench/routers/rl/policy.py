@@ -253,7 +253,7 @@ class RLRouter:
     def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
                  checkpoint: str | Path | None = None, workload: str | None = None,
                  ood_guard: bool = True, ood_margin: float = 0.05, gate: bool = True,
-                 chunked_prefill: bool | None = None):
+                 chunked_prefill: bool | None = None, instance_scheduler: str | None = None):
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None:
             if profile_name is None:
@@ -296,6 +296,14 @@ class RLRouter:
         if self.prior_scale > 0 and self.mixing is None:
             raise CheckpointError(f"checkpoint {checkpoint}: a residual prior needs the mixing parameters")
         self.heuristic_only = bool(gate and meta.get("gate") == "heuristic" and self.mixing is not None)
+        # the scheduler guard: a network learned its timing against one instance scheduler (a FIFO gate in front of
+        # FCFS engines holds requests that vLLM's priority policy would have reordered), so on engines of another
+        # scheduler the gate routes with the heuristic too
+        trained_sched = (meta.get("trained_on") or {}).get("instance_scheduler")
+        self.scheduler_mismatch = (None if instance_scheduler is None or trained_sched is None
+                                   or instance_scheduler == trained_sched else (trained_sched, instance_scheduler))
+        if gate and self.scheduler_mismatch and self.mixing is not None:
+            self.heuristic_only = True
         self.num_fallbacks = 0
         self.num_decisions = 0
         self.num_instances = num_instances
