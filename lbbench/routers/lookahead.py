@@ -273,39 +273,33 @@ def _rollout(sim: Any, now_s: float, horizon_s: float, first_record: int) -> tup
     return cost, n
 
 
-def _gate_idle_epoch(fork: Any, base: Any) -> Any:
-    """The fork's decision epoch for a ``late_binding_srpt`` base: the same decisions, without building a
+def _gate_idle_decide(fork: Any, base: Any) -> Any:
+    """The fork dispatcher's ``decide`` for a ``late_binding_srpt`` base: the same decisions, without building a
     view or calling the router when the router would defer anyway. After an epoch that ended deferring, the
     router defers again while the head of the queue, the queue length and every instance's outstanding,
     prefilling and pending-prompt counts are unchanged, within its own ``refresh_s`` of its last evaluation
     and before the head ages past ``max_wait_s`` (``LateBindingRouter.route``: no open instance, or an
-    unchanged signature within ``refresh_s``). Most of a rollout's epochs are such re-offers every Δt."""
-    disp = fork.dispatcher
-    queue = disp._queue
+    unchanged signature within ``refresh_s``). Most of a rollout's epochs are such re-offers every Δt; the
+    simulator's own epoch (sends, the next offer's timer) is unchanged."""
+    decide = fork.dispatcher.decide
+    queue = fork.dispatcher._queue
     insts = fork.state._inst
     prm = base.params
-    dt = fork.profile.min_step_s
     last: list = [None]
 
     def sig() -> tuple:
         return (len(queue), queue[0].request_id,
                 tuple((len(e.entries), e.n_prefilling, e.prompt_pending, e.healthy) for e in insts))
 
-    def epoch() -> None:
-        if not fork._auto or not queue:
-            return
-        now = fork.now_s
-        if not (last[0] is not None and now - base._last_eval_s < prm.refresh_s
+    def idle_decide(now: float) -> list:
+        if (last[0] is not None and now - base._last_eval_s < prm.refresh_s
                 and now - queue[0].arrival_s < prm.max_wait_s and last[0] == sig()):
-            out = disp.decide(now)
-            last[0] = sig() if queue else None  # what the router saw when it deferred (before the sends)
-            for req, i in out:
-                fork._send(req, i)
-        if queue and not fork._timer_pending:
-            fork._timer_pending = True
-            fork._push(now + dt, 2, None)  # cluster._TIMER
+            return []
+        out = decide(now)
+        last[0] = sig() if queue else None  # what the router saw when it deferred (before the sends)
+        return out
 
-    return epoch
+    return idle_decide
 
 
 def evaluate(sim: Any, action: Decision | None, *, pending: Sequence[tuple[Request, int]] = (),
@@ -337,7 +331,7 @@ def _evaluate(sim: Any, action: Decision | None, pending: Sequence[tuple[Request
     _finish_epoch(fork, out)
     fork._auto = True
     if isinstance(base, LateBindingRouter):
-        fork._epoch = _gate_idle_epoch(fork, base)
+        fork.dispatcher.decide = _gate_idle_decide(fork, base)
     return _rollout(fork, now, horizon_s, first)
 
 

@@ -139,10 +139,10 @@ def test_unbound_planner_and_bad_options_name_the_problem():
 @given(rows=st.lists(st.tuples(st.floats(0, 2.0), st.integers(1, 60), st.integers(1, 60)), min_size=1,
                      max_size=30),
        refresh_s=st.sampled_from([0.0, 0.05, 1.0]))
-def test_the_gate_rollout_epoch_skips_only_deferrals_the_gate_would_make(rows, refresh_s):
+def test_the_gate_rollout_skips_only_deferrals_the_gate_would_make(rows, refresh_s):
     """A rollout's epochs for a late_binding_srpt base skip the router while it would defer: the records are
     the plain dispatcher's, and the router is asked less often."""
-    from lbbench.routers.lookahead import _gate_idle_epoch
+    from lbbench.routers.lookahead import _gate_idle_decide
     profile = tiny_profile(num_kv_blocks=24)
     reqs = _requests(rows)
     runs = []
@@ -156,7 +156,7 @@ def test_the_gate_rollout_epoch_skips_only_deferrals_the_gate_would_make(rows, r
         sim.dispatcher = Dispatcher(gate, sim.state)
         sim._auto = True
         if skip:
-            sim._epoch = _gate_idle_epoch(sim, gate)
+            sim.dispatcher.decide = _gate_idle_decide(sim, gate)
         while not sim.done and sim._has_events():
             sim._step_event()
         runs.append((sorted(map(_key, sim.records)), len(calls)))

@@ -295,15 +295,14 @@ class RLRouter:
         self.prior_scale = float(meta.get("prior_scale") or 0.0)
         if self.prior_scale > 0 and self.mixing is None:
             raise CheckpointError(f"checkpoint {checkpoint}: a residual prior needs the mixing parameters")
-        self.heuristic_only = bool(gate and meta.get("gate") == "heuristic" and self.mixing is not None)
         # the scheduler guard: a network learned its timing against one instance scheduler (a FIFO gate in front of
         # FCFS engines holds requests that vLLM's priority policy would have reordered), so on engines of another
         # scheduler the gate routes with the heuristic too
         trained_sched = (meta.get("trained_on") or {}).get("instance_scheduler")
         self.scheduler_mismatch = (None if instance_scheduler is None or trained_sched is None
                                    or instance_scheduler == trained_sched else (trained_sched, instance_scheduler))
-        if gate and self.scheduler_mismatch and self.mixing is not None:
-            self.heuristic_only = True
+        self.heuristic_only = bool(gate and self.mixing is not None
+                                   and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
         self.num_fallbacks = 0
         self.num_decisions = 0
         self.num_instances = num_instances
