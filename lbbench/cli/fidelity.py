@@ -43,6 +43,9 @@ def _placement(urls) -> dict | None:
               help="How the calibration fits the time to first token: split fits the per-token prefill cost to "
                    "how TTFT grows with the prompt (longer half against shorter half) and the API overhead to the "
                    "shorter half (transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
+@click.option("--warmup-requests", type=click.IntRange(min=0), default=20, show_default=True,
+              help="With --calibrate-on: replay the first N requests of every workload once before the repeats "
+                   "and leave them out of every figure (a fresh engine's first replays run slow); 0: none.")
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
               help="Comma-separated routers to compare.")
 @_load_options
@@ -65,10 +68,10 @@ def _placement(urls) -> dict | None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...], launch_model: str | None,
-                 instances: int, cpus_per_instance: int | None, workload: str, trace: str | None,
+                 instances: int, cpus_per_instance: int | None, api_server_cores: str, workload: str, trace: str | None,
                  max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, calibrate_on: str | None,
                  check_on: tuple[str, ...], calibration_router: str, calibration_seed: int, ttft_fit: str,
-                 routers: str,
+                 warmup_requests: int, routers: str,
                  requests: int, rate: float, repeats: int, seed: int, predictor: str, prefix_caching: bool | None,
                  max_error_pct: float | None, vllm_python: str | None, out_dir: str | None, log_dir: str,
                  port_base: int, fmt: str) -> None:
@@ -87,17 +90,19 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
     if calibrate_on is not None:
         _transfer(ctx, prof, profile_name, names, calibrate_on, check_on, endpoint=endpoint,
                   launch_model=launch_model, instances=instances, cpus_per_instance=cpus_per_instance,
+                  api_server_cores=api_server_cores,
                   defaults={"requests": requests, "rate_per_s": rate, "prompt_tokens": prompt_tokens,
                             "output_tokens": output_tokens},
                   calibration_router=calibration_router, calibration_seed=calibration_seed, repeats=repeats,
-                  ttft_fit=ttft_fit,
+                  ttft_fit=ttft_fit, warmup_requests=warmup_requests,
                   seed=seed, predictor=predictor, max_error_pct=max_error_pct, vllm_python=vllm_python,
                   out_dir=out_dir, log_dir=log_dir, port_base=port_base, fmt=fmt)
         return
     from ..profiling.fidelity import run_fidelity
 
     ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
-                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance)
+                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
+                                    api_server_cores=api_server_cores)
     reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
                          rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens, predictor=predictor)
@@ -135,9 +140,10 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
 
 
 def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], calibrate_on: str,
-              check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, defaults: dict,
+              check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, api_server_cores,
+              defaults: dict,
               calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str, ttft_fit: str,
-              max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int, fmt: str) -> None:
+              warmup_requests: int, max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int, fmt: str) -> None:
     from click.core import ParameterSource
 
     from ..errors import InputError
@@ -172,14 +178,15 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
     cal_reqs = requests_of(cal_spec, calibration_seed, "calibrate_on")
     checks = [(s.label, requests_of(s, seed, "check_on")) for s in check_specs]
     ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
-                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance)
+                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
+                                    api_server_cores=api_server_cores)
     import time
     t0 = time.perf_counter()
     with ctx_launch as urls:
         t_live = time.perf_counter()
         res = run_transfer(prof, (cal_spec.label, cal_reqs), checks, routers, urls, repeats=repeats, seed=seed,
                            calibration_seed=calibration_seed, calibration_router=calibration_router,
-                           out_dir=out_dir, ttft_fit=ttft_fit, progress=lambda what: click.echo(f"  {what}", err=True))
+                           out_dir=out_dir, ttft_fit=ttft_fit, warmup_requests=warmup_requests, progress=lambda what: click.echo(f"  {what}", err=True))
         placement = _placement(urls)
     from ..profiling.residuals import residual_tables
     tables = residual_tables(res.records)
@@ -237,10 +244,14 @@ def _print_transfer(prof, res, tables, repeats: int, placement: dict | None) -> 
     where = ""
     if placement:
         where = (f"; instances on cores {', '.join(placement['instance_cores'])}, client on "
-                 f"{placement['client_cores'] if placement['pinned'] else 'shared cores'}")
+                 f"{placement['client_cores'] if placement['pinned'] else 'shared cores'}"
+                 + (f", API servers on the {placement.get('front_end', 'instance')}'s cores" if placement['pinned']
+                    else ""))
     t = Table(title=f"fidelity transfer: {prof.name} calibrated x{cal.decode_scale:.3f} decode / "
                     f"x{cal.prefill_scale:.3f} prefill, API overhead {cal.api_overhead_s * 1e3:.1f} ms "
-                    f"({cal.ttft_fit} TTFT fit), {repeats} live repeats{where}")
+                    f"({cal.ttft_fit} TTFT fit), {repeats} live repeats"
+                    + (f" after a {res.warmup_requests}-request warm-up a workload" if res.warmup_requests else "")
+                    + where)
     for col in TRANSFER_COLUMNS:
         t.add_column(col, justify="left" if col in ("workload", "router") else "right")
     for row in transfer_rows(res):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from .flags import api_server_option
+
 
 def _write_endpoints(path: str | None, urls: list[str]) -> None:
     if path:
@@ -51,11 +53,12 @@ def _announce(urls: list[str], what: str, endpoints_file: str | None) -> None:
               help="CPU instances: pin each to its own N cores (no two share compute, as GPUs do not); the "
                    "cores left are for clients. Refused when instances x N + 1 exceeds the machine's cores. "
                    "Default: the cores split between the instances, unpinned.")
+@api_server_option
 @click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
 def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_seqs: int | None,
                max_num_batched_tokens: int | None, vllm_python: str | None, port_base: int, log_dir: str,
                health_timeout_s: float, endpoints_file: str | None, cpus_per_instance: int | None,
-               extra_args: tuple[str, ...]) -> None:
+               api_server_cores: str, extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
     from ..engines.vllm.launcher import LaunchError, launch
@@ -68,12 +71,14 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
         with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),
                     vllm_python=vllm_python, log_dir=log_dir, port_base=port_base,
-                    health_timeout_s=health_timeout_s, cpus_per_instance=cpus_per_instance) as urls:
+                    health_timeout_s=health_timeout_s, cpus_per_instance=cpus_per_instance,
+                    front_end=api_server_cores) as urls:
             _announce(urls, "vLLM server(s)", endpoints_file)
             if urls.placement is not None:
                 p = urls.placement.as_dict()
                 click.echo(f"cores: instances {', '.join(p['instance_cores'])}; "
-                           f"{'clients ' + p['client_cores'] if p['pinned'] else 'unpinned (shared)'}", err=True)
+                           f"{'clients ' + p['client_cores'] if p['pinned'] else 'unpinned (shared)'}"
+                           + (f"; API servers on the {p['front_end']}'s cores" if p['pinned'] else ""), err=True)
             click.echo(f"logs in {log_dir}", err=True)
             while True:
                 time.sleep(3600)

@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 import tomli_w
 
+from .flags import api_server_option
+
 
 def write_profile_toml(profile: dict, out: str | Path) -> Path:
     """Write a profile dict (as ``derive_profile`` / ``fit_profile`` return) to ``out``."""
@@ -37,6 +39,7 @@ _backend_and_workload_options = _options(
                  help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
                       "so that instances do not share compute (as GPU instances do not); refused when "
                       "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned."),
+    api_server_option,
     click.option("--workload", default="poisson", show_default=True,
                  help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),
     click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead."),
@@ -71,7 +74,7 @@ def _requests_for(prof, profile_name: str, *, workload: str, trace: str | None, 
 
 
 def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int, *, vllm_python, log_dir,
-                       port_base: int, cpus_per_instance: int | None = None):
+                       port_base: int, cpus_per_instance: int | None = None, api_server_cores: str = "client"):
     """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
     import contextlib
 
@@ -87,6 +90,7 @@ def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int,
     return launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
                   max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
                   log_dir=log_dir, port_base=port_base, extra_args=extra, cpus_per_instance=cpus_per_instance,
+                  front_end=api_server_cores,
                   # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
                   extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
 
@@ -267,10 +271,12 @@ def efficiency_cmd(vidur_dir: str | None, commit: str | None, out: str | None, f
                  help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
                       "so that instances do not share compute (as GPU instances do not); refused when "
                       "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned.")
+@api_server_option
 def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, name: str | None, max_num_seqs: int,
                 max_num_batched_tokens: int, chunked_prefill: str, repeats: int, instances: int,
                 hardware: str | None,
-                vllm_python: str | None, log_dir: str, port: int, cpus_per_instance: int | None) -> None:
+                vllm_python: str | None, log_dir: str, port: int, cpus_per_instance: int | None,
+                api_server_cores: str) -> None:
     """Fit a profile to a live vLLM: a sweep of prefill sizes, decode batch sizes and context lengths, KV blocks
     read from the engine, least-squares step-time coefficients with residuals in [source]."""
     import contextlib
@@ -300,7 +306,8 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
         if launch_model is not None:
             ctx = launch(launch_model, instances, chunked_prefill=chunked, max_num_seqs=max_num_seqs,
                          max_num_batched_tokens=max_num_batched_tokens, vllm_python=vllm_python,
-                         log_dir=log_dir, port_base=port, extra_args=extra, cpus_per_instance=cpus_per_instance)
+                         log_dir=log_dir, port_base=port, extra_args=extra, cpus_per_instance=cpus_per_instance,
+                         front_end=api_server_cores)
         else:
             ctx = contextlib.nullcontext(list(endpoint))
         with ctx as urls:
@@ -344,7 +351,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
 def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
-                  cpus_per_instance: int | None,
+                  cpus_per_instance: int | None, api_server_cores: str,
                   workload: str, trace: str | None, max_prompt_tokens: int | None, prompt_tokens: str,
                   output_tokens: str, router: str, requests: int, rate: float, repeats: int, seed: int,
                   predictor: str, vllm_python: str | None, ttft_fit: str, log_dir: str, port_base: int,
@@ -364,7 +371,8 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
         raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
     prof = load_profile(path)
     ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
-                             port_base=port_base, cpus_per_instance=cpus_per_instance)
+                             port_base=port_base, cpus_per_instance=cpus_per_instance,
+                             api_server_cores=api_server_cores)
     reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
                          rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens, predictor=predictor)

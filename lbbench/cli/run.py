@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..distributed import UnitError, get_executor
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
-from .flags import ray_option
+from .flags import api_server_option, ray_option
 from .main import _parse_value, _read_endpoints_file, _split_csv, err_console
 
 
@@ -109,6 +109,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
         stream_workers=kw["stream_workers"], load_workers=_load_workers(kw.get("load_workers", "auto")),
         send_lead_s=kw.get("send_lead", 0.02), ray_address=kw.get("ray_address"), cpus_per_instance=kw["cpus_per_instance"],
+        api_server_cores=kw.get("api_server_cores", "client"),
     )
 
 
@@ -186,6 +187,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
               help="With --launch on CPUs: pin each instance to its own N cores and the client to the rest (no "
                    "two share compute, as GPU instances do not); recorded in run.toml. Default: shared cores.")
+@api_server_option
 @click.option("--request-timeout", type=float, default=600.0, show_default=True,
               help="Live runs: seconds before a request is recorded as failed.")
 @click.option("--stream-workers", type=click.IntRange(min=0), default=0, show_default=True,

@@ -102,6 +102,9 @@ class RunConfig:
     """Python of the vLLM environment for launched servers."""
     cpus_per_instance: int | None = None
     """Launched CPU servers: pin each to its own N cores and the client to the rest (None: cores shared)."""
+    api_server_cores: str = "client"
+    """With ``cpus_per_instance``: where each server's API server runs, ``client`` (the client's cores) or
+    ``instance`` (beside its engine core)."""
     request_timeout_s: float = 600.0
     stream_workers: int = 0
     """Live: worker processes that send and read the streams (0: all in the dispatcher's process)."""
@@ -206,6 +209,8 @@ class RunConfig:
             raise ConfigError(f"{self.send_lead_s}: must be between 0 and 1 second", "send_lead_s")
         if self.cpus_per_instance is not None and not self.launch_model:
             raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
+        if self.api_server_cores not in ("client", "instance"):
+            raise ConfigError(f"{self.api_server_cores!r}: must be client or instance", "front_end")
         if self.api not in APIS:
             raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
         if self.prompt_mode not in PROMPT_MODES:

@@ -307,7 +307,7 @@ class LiveBackend:
         log_dir = self.run_dir.path / "logs" / f"chunked-{tag}" if self.run_dir else None
         with launch(cfg.launch_model, cfg.instances, chunked_prefill=variant.chunked_prefill,
                     vllm_python=cfg.vllm_python, scheduling_policy=policy, log_dir=log_dir,
-                    cpus_per_instance=cfg.cpus_per_instance) as eps:
+                    cpus_per_instance=cfg.cpus_per_instance, front_end=cfg.api_server_cores) as eps:
             self.launched += list(eps)
             self.placement = getattr(eps, "placement", None) and eps.placement.as_dict()
             if self.placement is not None and self.run_dir is not None:

@@ -3,7 +3,11 @@
 A simulator is worth the error it makes on traffic it was not fitted to. ``run_transfer`` replays the calibration
 workload (one router) and every check workload (each router) live, ``repeats`` times, **interleaved**: repeat
 ``k`` runs every (workload, router) replay before repeat ``k + 1`` starts, in an order rotated by ``k``, so that
-a host whose speed drifts moves the calibration and the checks alike. It then fits the calibration
+a host whose speed drifts moves the calibration and the checks alike. With ``warmup_requests`` N, the first N
+requests of every workload are replayed once before repeat 1 and left out of every figure (their records are kept,
+``source`` = ``warm-up``): a fresh engine's first replays run slower than its later ones (first shapes through the
+CPU kernels, allocator and caches filling), and without a warm-up that slowness lands on whichever workload the
+rotation puts first. It then fits the calibration
 (:func:`~lbbench.profiling.calibrate.fit`: the decode-step factor to the live mean TBT, the prefill factor to the
 live mean TTFT) on the calibration replays only, simulates every check workload with the calibrated profile, and
 compares (:func:`~lbbench.profiling.fidelity.compare`). Each result says which workload it came from; the
@@ -52,9 +56,12 @@ class TransferResult:
     calibration_fit: RouterFidelity
     checks: list[WorkloadCheck]
     records: pl.DataFrame
+    #: requests of each workload replayed once before the repeats and left out of every figure
+    warmup_requests: int = 0
 
     def as_dict(self) -> dict:
-        return {"calibrated_on": self.calibrated_on, "calibration": self.calibration.as_dict(),
+        return {"calibrated_on": self.calibrated_on, "warmup_requests": self.warmup_requests,
+                "calibration": self.calibration.as_dict(),
                 "calibration_fit": {"workload": self.calibrated_on, **self.calibration_fit.as_dict()},
                 "checks": [c.as_dict() for c in self.checks]}
 
@@ -66,7 +73,7 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
                  check_on: Sequence[tuple[str, Sequence[Request]]], routers: Sequence[str],
                  endpoints: Sequence[str], *, repeats: int = 3, seed: int = 0, calibration_seed: int = 1,
                  calibration_router: str = "round_robin", router_options: dict | None = None, out_dir=None,
-                 ttft_fit: str = "mean",
+                 ttft_fit: str = "mean", warmup_requests: int = 0,
                  progress: Callable[[str], None] = lambda what: None) -> TransferResult:
     """Calibrate on ``calibrate_on`` = (label, requests), check on each of ``check_on`` (label, requests); see the
     module docstring. ``seed`` seeds the routers of the checks, ``calibration_seed`` the calibration's router.
@@ -87,6 +94,18 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
     items = [(cal_label, calibration_router)] + [(label, name) for label in labels for name in routers]
     requests_of = {cal_label: cal_requests, **dict(check_on)}
     live: dict[tuple[str, str], list[list[RequestRecord]]] = {item: [] for item in items}
+    warm: list[tuple[str, list[RequestRecord]]] = []
+    if warmup_requests > 0:
+        for label in [cal_label, *labels]:
+            head = list(requests_of[label])[:warmup_requests]
+            if profile.enable_prefix_caching:
+                reset_prefix_caches(endpoints)
+            records = live_replay(head, router(calibration_router, profile, calibration_seed), endpoints, profile,
+                                  run_id="transfer-warm-up", seed=calibration_seed,
+                                  what=f"warm-up replay of {label}")
+            warm.append((label, records))
+            progress(f"warm-up {label}: {len(records)} requests, mean E2E {stats(records)['mean_e2e_s']:.3f} s "
+                     "(not counted)")
     for k in range(repeats):
         order = items[k % len(items):] + items[:k % len(items)]
         for label, name in order:
@@ -101,6 +120,11 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
     res = evaluate_transfer(profile, calibrate_on, check_on, routers, n, live, seed=seed,
                             calibration_seed=calibration_seed, calibration_router=calibration_router,
                             router_options=router_options, ttft_fit=ttft_fit, progress=progress)
+    if warm:
+        res.records = pl.concat([res.records] + [
+            _records_frame(recs, calibration_router, "warm-up").with_columns(pl.lit(label).alias("workload"))
+            for label, recs in warm], how="diagonal_relaxed")
+        res.warmup_requests = warmup_requests
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         res.records.write_parquet(Path(out_dir) / "records.parquet")

@@ -40,13 +40,18 @@ def test_layout_is_disjoint_or_refused(cores, instances, per):
 
 def test_two_core_machine_by_hand():
     p = plan_placement([0, 1], 1, 1)
-    assert p.as_dict() == {"pinned": True, "instance_cores": ["0"], "client_cores": "1"}
+    assert p.as_dict() == {"pinned": True, "instance_cores": ["0"], "client_cores": "1", "front_end": "instance"}
+    assert p.front_end_cores(0) == (0,)
+    q = plan_placement([0, 1, 2, 3], 2, 1, front_end="client")
+    assert q.front_end_cores(0) == q.front_end_cores(1) == (2, 3) and q.instance_cores == ((0,), (1,))
+    with pytest.raises(PlacementError, match="front_end: 'gpu' must be one of instance, client"):
+        plan_placement([0, 1], 1, 1, front_end="gpu")
     with pytest.raises(PlacementError, match=r"2 instance\(s\) x 1 core\(s\) \+ 1 core for the client need 3 "
                                              r"cores; this process may use 2 \(0-1\)"):
         plan_placement([0, 1], 2, 1)
     assert cores_label([4, 5, 6]) == "4-6" and cores_label([0, 2]) == "0,2" and cores_label([3]) == "3"
     assert shared_placement(["0", "1"], [0, 1]).as_dict() == {"pinned": False, "instance_cores": ["0", "1"],
-                                                               "client_cores": "0-1"}
+                                                               "client_cores": "0-1", "front_end": "instance"}
 
 
 def test_cli_refuses_a_layout_the_machine_cannot_hold(tmp_path):
@@ -75,20 +80,24 @@ def test_launch_refuses_before_starting_anything(tmp_path):
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="pinning an instance and the client needs two cores")
-def test_pinned_server_and_client_really_run_on_their_cores(tmp_path, monkeypatch):
+@pytest.mark.parametrize("front_end", ["client", "instance"])
+def test_pinned_server_and_client_really_run_on_their_cores(tmp_path, monkeypatch, front_end):
     pid_file = tmp_path / "pids"
     pid_file.write_text("")
     monkeypatch.setenv("FAKE_VLLM_PIDS", str(pid_file))
     monkeypatch.setattr("lbbench.engines.vllm.launcher.visible_gpus", lambda: [])  # CPU instances
     before = os.sched_getaffinity(0)
     with launch("m", 1, log_dir=tmp_path, port_base=free_port(), health_timeout_s=30,
-                command=[sys.executable, FAKE], stop_grace_s=2, cpus_per_instance=1) as urls:
+                command=[sys.executable, FAKE], stop_grace_s=2, cpus_per_instance=1, front_end=front_end) as urls:
         server, child = (int(p) for p in pid_file.read_text().split())
-        assert os.sched_getaffinity(server) == {CORES[0]}
-        assert os.sched_getaffinity(child) == {CORES[0]}  # the engine's children inherit the binding
+        # the server process stands for the API server, its child for the engine core
+        api_cores = set(CORES[1:]) if front_end == "client" else {CORES[0]}
+        assert os.sched_getaffinity(server) == api_cores
+        assert {os.sched_getaffinity(int(t)) == api_cores for t in os.listdir(f"/proc/{server}/task")} == {True}
+        assert os.sched_getaffinity(child) == {CORES[0]}  # the engine keeps the instance's cores
         assert os.sched_getaffinity(0) == set(CORES[1:])  # the client runs on the rest
         assert placement_of(urls) == {"pinned": True, "instance_cores": [str(CORES[0])],
-                                      "client_cores": cores_label(CORES[1:])}
+                                      "client_cores": cores_label(CORES[1:]), "front_end": front_end}
     assert os.sched_getaffinity(0) == before
     log = (tmp_path / "server-0.log").read_text()
     assert f"env VLLM_CPU_OMP_THREADS_BIND={CORES[0]}" in log
@@ -117,7 +126,7 @@ def test_run_toml_records_the_placement(tmp_path, monkeypatch):
     doc = tomllib.loads((out / "run.toml").read_text())
     assert doc["config"]["cpus_per_instance"] == 1
     assert doc["placement"] == {"pinned": True, "instance_cores": [str(CORES[0])],
-                                "client_cores": cores_label(CORES[1:])}
+                                "client_cores": cores_label(CORES[1:]), "front_end": "client"}
 
 
 def test_cpus_per_instance_needs_launch():

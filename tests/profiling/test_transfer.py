@@ -115,8 +115,11 @@ def test_transfer_cli_against_emulated_instances(tmp_path):
     recs = pl.read_parquet(tmp_path / "fid" / "records.parquet")
     assert set(recs["workload"].unique()) == {cal, check}
     assert set(recs.filter(pl.col("workload") == check)["source"].unique()) == {"sim", "sim-uncalibrated",
-                                                                                "live-0", "live-1"}
-    assert recs.height == 30 * 3 + 30 * 4
+                                                                                "live-0", "live-1", "warm-up"}
+    # the default warm-up (the first 20 requests of each workload, replayed once first) is kept, and counted nowhere
+    assert out["warmup_requests"] == 20
+    assert recs.filter(pl.col("source") == "warm-up").group_by("workload").len()["len"].to_list() == [20, 20]
+    assert recs.height == 30 * 3 + 30 * 4 + 20 * 2
     by_prompt = pl.DataFrame(out["residuals"]["prompt_tokens"])
     assert set(by_prompt["workload"]) == {cal, check}
     assert by_prompt.filter(pl.col("workload") == check)["requests"].sum() == 60  # 30 requests x 2 repeats

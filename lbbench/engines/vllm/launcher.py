@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from .placement import Placement, PlacementError, available_cores, bind_current_process, cores_label, \
-    pin_client, plan_placement, shared_placement
+from .placement import Placement, PlacementError, available_cores, bind_current_process, bind_process, \
+    cores_label, pin_client, plan_placement, shared_placement
 from .tiny_model import TINY_NAME
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -279,7 +279,7 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
            scheduling_policy: str | None = None,
            extra_env: dict[str, str] | None = None, cpu_executor: str | None = None,
-           cpus_per_instance: int | None = None) -> Iterator[Endpoints]:
+           cpus_per_instance: int | None = None, front_end: str | None = None) -> Iterator[Endpoints]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
@@ -289,6 +289,10 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     ``cpus_per_instance``: pin instance ``i`` to its own block of that many cores and this process (the client)
     to the cores left; :class:`LaunchError` when instances x N + 1 exceeds the cores this process may use. None:
     CPU instances share the machine's cores, split between them, and the client is not pinned.
+    ``front_end`` (with ``cpus_per_instance``): ``client`` (default) moves each server's API server process (HTTP,
+    tokenizer, detokenizer, streaming; every thread) onto the client's cores once it is healthy, leaving the
+    instance's cores to its engine core (and model workers), as a GPU host leaves the GPU to the model; ``instance``
+    keeps it beside the engine core, where its per-token work lengthens every step.
     ``command`` replaces the server command prefix (tests use a stand-in server);
     ``stop_grace_s`` is how long servers get between SIGTERM and SIGKILL.
     """
@@ -304,7 +308,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     placement = None
     if cpus_per_instance is not None:
         try:
-            placement = plan_placement(available_cores(), instances, cpus_per_instance)
+            placement = plan_placement(available_cores(), instances, cpus_per_instance,
+                                       front_end or "client")
         except PlacementError as exc:
             raise LaunchError(str(exc)) from None
         cores = [cores_label(block) for block in placement.instance_cores] if cpu else []
@@ -358,6 +363,9 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
                                             preexec_fn=(lambda c=pin: bind_current_process(c)) if pin else None)
                 servers.append(Server(i, f"http://127.0.0.1:{port}", proc, log_path, cmd, env))
             _wait_healthy(servers, health_timeout_s)
+            if cpu and placement is not None and placement.pinned and placement.front_end == "client":
+                for s in servers:  # the server process is the API server; its engine core is a child process
+                    bind_process(s.process.pid, placement.front_end_cores(s.index))
             if cpu:
                 for s in servers:
                     deprioritize_workers(s.process.pid)

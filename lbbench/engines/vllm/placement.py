@@ -31,11 +31,19 @@ class Placement:
     instance_cores: tuple[tuple[int, ...], ...]
     client_cores: tuple[int, ...]
     pinned: bool
+    #: where each instance's API server (HTTP, tokenizer, detokenizer) runs when pinned: ``"instance"``, on the
+    #: instance's cores beside its engine core; ``"client"``, on the client's cores (:data:`FRONT_END_PLACES`)
+    front_end: str = "instance"
 
     def as_dict(self) -> dict:
-        """The run.toml form: ``{"pinned": ..., "instance_cores": ["0", ...], "client_cores": "1"}``."""
+        """The run.toml form: ``{"pinned": ..., "instance_cores": ["0", ...], "client_cores": "1",
+        "front_end": "instance"}``."""
         return {"pinned": self.pinned, "instance_cores": [cores_label(c) for c in self.instance_cores],
-                "client_cores": cores_label(self.client_cores)}
+                "client_cores": cores_label(self.client_cores), "front_end": self.front_end}
+
+    def front_end_cores(self, i: int) -> tuple[int, ...]:
+        """The cores instance ``i``'s API server runs on."""
+        return self.client_cores if self.front_end == "client" else self.instance_cores[i]
 
 
 def cores_label(cores: Sequence[int]) -> str:
@@ -56,9 +64,18 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def plan_placement(cores: Sequence[int], instances: int, cpus_per_instance: int) -> Placement:
-    """Instance ``i`` on cores ``[i*N, (i+1)*N)`` of ``cores`` (sorted), the client on the rest."""
+#: where a pinned instance's API server may run (``Placement.front_end``)
+FRONT_END_PLACES = ("instance", "client")
+
+
+def plan_placement(cores: Sequence[int], instances: int, cpus_per_instance: int,
+                   front_end: str = "instance") -> Placement:
+    """Instance ``i`` on cores ``[i*N, (i+1)*N)`` of ``cores`` (sorted), the client on the rest; ``front_end``
+    ``"client"`` moves each instance's API server onto the client's cores, leaving its engine core (and model
+    workers) alone on the instance's."""
     cores = sorted(cores)
+    if front_end not in FRONT_END_PLACES:
+        raise PlacementError(f"front_end: {front_end!r} must be one of {', '.join(FRONT_END_PLACES)}")
     if cpus_per_instance < 1:
         raise PlacementError(f"cpus_per_instance: {cpus_per_instance} must be >= 1")
     if instances < 1:
@@ -69,7 +86,7 @@ def plan_placement(cores: Sequence[int], instances: int, cpus_per_instance: int)
             f"cpus_per_instance: {instances} instance(s) x {cpus_per_instance} core(s) + 1 core for the client "
             f"need {need} cores; this process may use {len(cores)} ({cores_label(cores)})")
     blocks = tuple(tuple(cores[i * cpus_per_instance:(i + 1) * cpus_per_instance]) for i in range(instances))
-    return Placement(blocks, tuple(cores[instances * cpus_per_instance:]), pinned=True)
+    return Placement(blocks, tuple(cores[instances * cpus_per_instance:]), pinned=True, front_end=front_end)
 
 
 def shared_placement(groups: Sequence[str], cores: Sequence[int]) -> Placement:
@@ -107,6 +124,21 @@ def pin_client(cores: Sequence[int] | None) -> Iterator[None]:
         yield
     finally:
         _set_all_threads(before)
+
+
+def bind_process(pid: int, cores: Sequence[int]) -> int:
+    """Bind every thread of process ``pid`` to ``cores`` (threads it starts later inherit it from theirs; its
+    child processes keep their own binding); returns how many threads were bound (0 when it is gone)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    done = 0
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(tid, cores)
+            done += 1
+    return done
 
 
 def bind_current_process(cores: Sequence[int]) -> None:
