@@ -107,9 +107,10 @@ def scaled(profile: Profile, prefill_scale: float, decode_scale: float | None = 
 
 
 def _means(records_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
-    """The mean over runs of each statistic of :func:`stats` (each run's statistics computed once)."""
+    """The median over runs (the mean of two) of each run's mean TBT, TTFT and E2E: one replay disturbed by the
+    host does not move the calibration (as :func:`~lbbench.profiling.fidelity.compare` does not move the live side)."""
     per_run = [stats(recs) for recs in records_runs]
-    return {k: float(np.mean([r[k] for r in per_run])) for k in ("mean_tbt_s", "mean_ttft_s", "mean_e2e_s")}
+    return {k: float(np.median([r[k] for r in per_run])) for k in ("mean_tbt_s", "mean_ttft_s", "mean_e2e_s")}
 
 
 def _bisect(f: Callable[[float], float], target: float, what: str, *, iterations: int) -> float:
@@ -131,17 +132,20 @@ TTFT_FITS = ("mean", "split")
 
 
 def _ttft_halves(runs: Sequence[Sequence[RequestRecord]], threshold: int) -> tuple[float, float]:
-    """Mean TTFT of the completed requests with prompts <= ``threshold`` tokens and of the longer ones (over
-    every run's requests)."""
-    short, long_ = [], []
+    """Mean TTFT of the completed requests with prompts <= ``threshold`` tokens and of the longer ones: each run's,
+    then the median over runs (the mean of two), as :func:`_means`."""
+    halves = []
     for recs in runs:
+        short, long_ = [], []
         for r in recs:
             if r.error is None and r.first_token_s is not None and r.finish_s is not None:
                 (short if r.prompt_tokens <= threshold else long_).append(r.first_token_s - r.arrival_s)
-    if not short or not long_:
+        if short and long_:
+            halves.append((float(np.mean(short)), float(np.mean(long_))))
+    if not halves:
         raise CalibrationError("ttft split: the calibration prompts all have one length; give a workload whose "
                                "prompt lengths vary, or fit the mean")
-    return float(np.mean(short)), float(np.mean(long_))
+    return float(np.median([h[0] for h in halves])), float(np.median([h[1] for h in halves]))
 
 
 def _argmin_log(f: Callable[[float], float], *, iterations: int, grid: int = 25) -> float:

@@ -46,6 +46,20 @@ def test_errors_mape_and_spread_by_hand():
     assert compare(["a"], sim, {"a": live["a"][:1]})[1][0].live_repeat_mape_pct is None
 
 
+def test_one_disturbed_repeat_of_three_does_not_move_the_live_side():
+    """The live side is the median repeat: a replay whose steps the host doubled for a while moves it not at all
+    (a mean of three would move by a third of the excess), and the spread still shows it."""
+    sim = {"a": [_rec(0, 1.0, 0.1), _rec(1, 1.0, 0.1)]}
+    live = {"a": [[_rec(0, 1.0, 0.1), _rec(1, 1.0, 0.1)],   # mean E2E 1.0
+                  [_rec(0, 2.0, 0.1), _rec(1, 2.6, 0.1)],   # disturbed: mean E2E 2.3
+                  [_rec(0, 1.1, 0.1), _rec(1, 1.1, 0.1)]]}  # mean E2E 1.1
+    _, (row,) = compare(["a"], sim, live)
+    assert row.live["mean_e2e_s"] == pytest.approx(1.1)  # median of 1.0, 2.3, 1.1
+    assert row.mean_e2e_error_pct == pytest.approx(100 * (1.0 - 1.1) / 1.1)
+    assert row.live_spread_pct == pytest.approx(100 * (2.3 - 1.0) / (4.4 / 3))  # (max - min) / mean
+    assert row.live_mean_e2e_by_repeat_s == pytest.approx([1.0, 2.3, 1.1])
+
+
 def test_fidelity_cli_against_emulated_instances(tmp_path):
     """serve-sim instances run the simulator's instance model behind real HTTP streams in real time, so the
     simulated and the 'live' numbers must agree (the bound is loose because on a loaded test machine the

@@ -8,10 +8,23 @@ workloads it was not fitted on: a Poisson mix and the shared Mooncake synthetic 
 The calibration and the check replays are interleaved (each repeat runs all three, in a rotated order), so host
 drift moves the calibration and the checks alike.
 
-The rule (the live spread is (max - min) / mean of the per-repeat live mean E2E), per check workload: the bound is
-30 %, twice the 15 % the simulator is meant to reach, because one pinned instance on this 2-core host has measured
-from -8.5 % to +26.9 % on the Poisson mix and from -5.3 % to +21.4 % on the Mooncake slice across gate runs (quiet
-and busy host; docs/fidelity.md): a guard against a model that breaks, not a claim that 15 % is met:
+The engine's API server runs on the client's core (``--api-server-cores client``, the launcher's default), as a GPU
+host runs it on host cores while the model runs on the GPU: beside the engine core, its per-token work lengthened
+every step and the calibration did not transfer (docs/fidelity.md, "The second: where the API server runs"). Every workload's
+first 20 requests are replayed once before the repeats and counted nowhere (a fresh engine's first replays are slow).
+
+The live side of every figure is the median repeat (``lbbench.profiling.fidelity.compare``; the calibration fits
+the median repeat too), so one replay that the host slowed for a while does not move it.
+
+The rule (the live spread is (max - min) / mean of the per-repeat live mean E2E), per check workload:
+
+- **Poisson mix: 15 %**, the bound the issue asks for. In this layout it measured -4.3, -9.4, +5.9 and -10.5 % over
+  four runs here (mean of repeats), -1.2 and +6.5 % re-fitted with the median repeat.
+- **Mooncake slice: 30 %.** Its 80 requests replayed on one engine ran at a mean TBT anywhere from 4.3 to 8.8 ms on
+  this host, within one launch as much as across launches (a stretch of doubled step times in the middle of a
+  replay has been recorded), and its error measured +0.6, -11.3, +25.8 and -13.0 % over four runs. A 15 % bound
+  there would gate the host's speed, not the model; 30 % still fails a model that breaks (the old layout's
+  two-instances-on-two-cores calibration missed by 37-49 %).
 
 1. every check workload's mean E2E error is within its bound: pass;
 2. otherwise the whole calibrate-and-check is run once more on fresh request sets (other windows of both traces,
@@ -39,7 +52,7 @@ from lbbench.profiles import load_profile
 
 pytestmark = pytest.mark.live
 #: the bound on each check's mean E2E error, by workload kind (module docstring)
-MAX_ERROR_PCT = {"poisson": 30.0, "mooncake": 30.0}
+MAX_ERROR_PCT = {"poisson": 15.0, "mooncake": 30.0}
 #: a second run's error may be excused by its live spread, up to the bound plus this
 SPREAD_EXCUSE_PCT = 10.0
 TRACES = Path(os.environ.get("LBBENCH_TRACE_DIR", Path(__file__).resolve().parents[2].parent / "shared" / "traces"))
@@ -112,6 +125,7 @@ def _transfer(out: Path, prof_path: Path, fresh: bool) -> list[dict]:
     report = json.loads(res.output[res.output.index("{"):])
     print(json.dumps({k: report[k] for k in ("placement", "calibration", "wall_s")}, indent=1))
     assert report["placement"]["pinned"] and len(report["placement"]["instance_cores"]) == 1
+    assert report["placement"]["front_end"] == "client" and report["warmup_requests"] == 20
     rows = [r for c in report["checks"] for r in c["routers"]]
     assert [r["workload"] for r in rows] == checks
     print("check rows (workload, mean E2E error %, live spread %):", _summary(rows))

@@ -10,6 +10,15 @@ machine cannot hold (each instance needs its cores and the client at least one).
 process to its block (``sched_setaffinity`` before the server starts, so every thread and child inherits it, plus
 ``VLLM_CPU_OMP_THREADS_BIND`` for vLLM's OpenMP threads), and :func:`pin_client` binds the client's process (all of
 its threads; worker processes it starts later inherit it) to the rest.
+
+``front_end`` says where each instance's API server process (HTTP, tokenizer, detokenizer, streaming) runs. On a
+GPU host it runs on host cores while the model runs on the GPU, so its per-token and per-request work does not
+lengthen the model's steps. ``"client"`` (the launcher's default) reproduces that on CPUs: once the server is
+healthy, the launcher moves the API server's threads to the client's cores and leaves the instance's cores to the
+engine core (and its model workers). ``"instance"`` keeps it beside the engine core, as before: measured on one
+pinned tiny-model instance, that put about a third of the decode cost per sequence (249 against 168 us) and most
+of the replay-to-replay spread into the engine's core, and a profile calibrated on one workload then missed
+another by 13 % (docs/fidelity.md, "The second: where the API server runs").
 """
 
 from __future__ import annotations
