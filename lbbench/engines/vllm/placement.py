@@ -16,9 +16,9 @@ GPU host it runs on host cores while the model runs on the GPU, so its per-token
 lengthen the model's steps. ``"client"`` (the launcher's default) reproduces that on CPUs: once the server is
 healthy, the launcher moves the API server's threads to the client's cores and leaves the instance's cores to the
 engine core (and its model workers). ``"instance"`` keeps it beside the engine core, as before: measured on one
-pinned tiny-model instance, that put about a third of the decode cost per sequence (249 against 168 us) and most
-of the replay-to-replay spread into the engine's core, and a profile calibrated on one workload then missed
-another by 13 % (docs/fidelity.md, "The second: where the API server runs").
+pinned tiny-model instance, the sweep then charged 249 us of decode per sequence against 168-231 us, and the API
+server's share of the engine's core differs from workload to workload (docs/fidelity.md, "The second: where the API
+server runs").
 """
 
 from __future__ import annotations
