@@ -5,9 +5,8 @@ workload (one router) and every check workload (each router) live, ``repeats`` t
 ``k`` runs every (workload, router) replay before repeat ``k + 1`` starts, in an order rotated by ``k``, so that
 a host whose speed drifts moves the calibration and the checks alike. With ``warmup_requests`` N, the first N
 requests of every workload are replayed once before repeat 1 and left out of every figure (their records are kept,
-``source`` = ``warm-up``): a fresh engine's first replays run slower than its later ones (first shapes through the
-CPU kernels, allocator and caches filling), and without a warm-up that slowness lands on whichever workload the
-rotation puts first. It then fits the calibration
+``source`` = ``warm-up``): a fresh engine's first replays have run slower than its later ones (docs/fidelity.md),
+and without a warm-up that slowness lands on whichever workload the rotation puts first. It then fits the calibration
 (:func:`~lbbench.profiling.calibrate.fit`: the decode-step factor to the live mean TBT, the prefill factor to the
 live mean TTFT) on the calibration replays only, simulates every check workload with the calibrated profile, and
 compares (:func:`~lbbench.profiling.fidelity.compare`). Each result says which workload it came from; the
