@@ -68,7 +68,8 @@ def _placement(urls) -> dict | None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
 def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...], launch_model: str | None,
-                 instances: int, cpus_per_instance: int | None, api_server_cores: str, workload: str, trace: str | None,
+                 instances: int, cpus_per_instance: int | None, api_server_cores: str, workload: str,
+                 trace: str | None,
                  max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, calibrate_on: str | None,
                  check_on: tuple[str, ...], calibration_router: str, calibration_seed: int, ttft_fit: str,
                  warmup_requests: int, routers: str,
@@ -143,7 +144,8 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
               check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, api_server_cores,
               defaults: dict,
               calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str, ttft_fit: str,
-              warmup_requests: int, max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int, fmt: str) -> None:
+              warmup_requests: int, max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int,
+              fmt: str) -> None:
     from click.core import ParameterSource
 
     from ..errors import InputError
@@ -186,7 +188,8 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
         t_live = time.perf_counter()
         res = run_transfer(prof, (cal_spec.label, cal_reqs), checks, routers, urls, repeats=repeats, seed=seed,
                            calibration_seed=calibration_seed, calibration_router=calibration_router,
-                           out_dir=out_dir, ttft_fit=ttft_fit, warmup_requests=warmup_requests, progress=lambda what: click.echo(f"  {what}", err=True))
+                           out_dir=out_dir, ttft_fit=ttft_fit, warmup_requests=warmup_requests,
+                           progress=lambda what: click.echo(f"  {what}", err=True))
         placement = _placement(urls)
     from ..profiling.residuals import residual_tables
     tables = residual_tables(res.records)

@@ -38,7 +38,8 @@ FLAGS: dict[str, str] = {
     "kind": "--kind", "guidance_schedule": "--guidance-schedule", "format": "--format",
     "estimator": "--estimator", "discount": "--discount", "max_model_len": "--max-model-len",
     "num_requests": "--requests", "scheme": "--scheme", "encoder": "--encoder",
-    "cpus_per_instance": "--cpus-per-instance", "front_end": "--api-server-cores", "calibrate_on": "--calibrate-on", "check_on": "--check-on",
+    "cpus_per_instance": "--cpus-per-instance", "api_server_cores": "--api-server-cores",
+    "calibrate_on": "--calibrate-on", "check_on": "--check-on",
 }
 
 _LEADING_FIELD = re.compile(r"^([a-z][a-z_]*)(?=[: ])")
@@ -57,7 +58,10 @@ def api_server_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--api-server-cores client|instance`` -> keyword ``api_server_cores`` (with ``--cpus-per-instance``)."""
     return click.option("--api-server-cores", "api_server_cores", type=click.Choice(["client", "instance"]),
                         default="client", show_default=True,
-                        help="Where each CPU instance's API server (HTTP, tokenizer, detokenizer, streaming) runs when --cpus-per-instance pins it: client, on the client's cores, leaving the instance's cores to its engine core alone, as a GPU host leaves the GPU to the model; instance, beside its engine core.")(f)
+                        help="Where each CPU instance's API server (HTTP, tokenizer, detokenizer, streaming) "
+                             "runs when --cpus-per-instance pins it: client, on the client's cores, leaving the "
+                             "instance's cores to its engine core alone, as a GPU host leaves the GPU to the model; "
+                             "instance, beside its engine core.")(f)
 
 
 def ray_option(f: Callable[..., Any]) -> Callable[..., Any]:

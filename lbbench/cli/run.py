@@ -109,7 +109,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
         stream_workers=kw["stream_workers"], load_workers=_load_workers(kw.get("load_workers", "auto")),
         send_lead_s=kw.get("send_lead", 0.02), ray_address=kw.get("ray_address"), cpus_per_instance=kw["cpus_per_instance"],
-        api_server_cores=kw.get("api_server_cores", "client"),
+        api_server_cores=kw["api_server_cores"],
     )
 
 

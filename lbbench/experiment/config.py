@@ -210,7 +210,7 @@ class RunConfig:
         if self.cpus_per_instance is not None and not self.launch_model:
             raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
         if self.api_server_cores not in ("client", "instance"):
-            raise ConfigError(f"{self.api_server_cores!r}: must be client or instance", "front_end")
+            raise ConfigError(f"{self.api_server_cores!r}: must be client or instance", "api_server_cores")
         if self.api not in APIS:
             raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
         if self.prompt_mode not in PROMPT_MODES:

@@ -40,8 +40,9 @@ def test_layout_is_disjoint_or_refused(cores, instances, per):
 
 def test_two_core_machine_by_hand():
     p = plan_placement([0, 1], 1, 1)
-    assert p.as_dict() == {"pinned": True, "instance_cores": ["0"], "client_cores": "1", "front_end": "instance"}
-    assert p.front_end_cores(0) == (0,)
+    assert p.as_dict() == {"pinned": True, "instance_cores": ["0"], "client_cores": "1", "front_end": "client"}
+    assert p.front_end_cores(0) == (1,)
+    assert plan_placement([0, 1], 1, 1, front_end="instance").front_end_cores(0) == (0,)
     q = plan_placement([0, 1, 2, 3], 2, 1, front_end="client")
     assert q.front_end_cores(0) == q.front_end_cores(1) == (2, 3) and q.instance_cores == ((0,), (1,))
     with pytest.raises(PlacementError, match="front_end: 'gpu' must be one of instance, client"):

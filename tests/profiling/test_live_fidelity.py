@@ -10,8 +10,9 @@ drift moves the calibration and the checks alike.
 
 The engine's API server runs on the client's core (``--api-server-cores client``, the launcher's default), as a GPU
 host runs it on host cores while the model runs on the GPU: beside the engine core, its per-token work lengthened
-every step and the calibration did not transfer (docs/fidelity.md, "The second: where the API server runs"). Every workload's
-first 20 requests are replayed once before the repeats and counted nowhere (a fresh engine's first replays are slow).
+every step and the calibration did not transfer (docs/fidelity.md, "The second: where the API server runs").
+Every workload's first 20 requests are replayed once before the repeats and counted nowhere (a fresh engine's
+first replays are slow).
 
 The live side of every figure is the median repeat (``lbbench.profiling.fidelity.compare``; the calibration fits
 the median repeat too), so one replay that the host slowed for a while does not move it.

@@ -279,7 +279,7 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
            scheduling_policy: str | None = None,
            extra_env: dict[str, str] | None = None, cpu_executor: str | None = None,
-           cpus_per_instance: int | None = None, front_end: str | None = None) -> Iterator[Endpoints]:
+           cpus_per_instance: int | None = None, front_end: str = "client") -> Iterator[Endpoints]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
@@ -308,8 +308,7 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
     placement = None
     if cpus_per_instance is not None:
         try:
-            placement = plan_placement(available_cores(), instances, cpus_per_instance,
-                                       front_end or "client")
+            placement = plan_placement(available_cores(), instances, cpus_per_instance, front_end)
         except PlacementError as exc:
             raise LaunchError(str(exc)) from None
         cores = [cores_label(block) for block in placement.instance_cores] if cpu else []

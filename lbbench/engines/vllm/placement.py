@@ -78,7 +78,7 @@ FRONT_END_PLACES = ("instance", "client")
 
 
 def plan_placement(cores: Sequence[int], instances: int, cpus_per_instance: int,
-                   front_end: str = "instance") -> Placement:
+                   front_end: str = "client") -> Placement:
     """Instance ``i`` on cores ``[i*N, (i+1)*N)`` of ``cores`` (sorted), the client on the rest; ``front_end``
     ``"client"`` moves each instance's API server onto the client's cores, leaving its engine core (and model
     workers) alone on the instance's."""
@@ -110,17 +110,6 @@ def shared_placement(groups: Sequence[str], cores: Sequence[int]) -> Placement:
     return Placement(tuple(parse(g) for g in groups), tuple(sorted(cores)), pinned=False)
 
 
-def _set_all_threads(cores: Sequence[int]) -> None:
-    # sched_setaffinity(0) binds the calling thread only; bind every thread of this process
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(tid, cores)
-
-
 @contextlib.contextmanager
 def pin_client(cores: Sequence[int] | None) -> Iterator[None]:
     """Run the body with this process bound to ``cores`` (None: unchanged); the previous affinity is restored."""
@@ -128,11 +117,11 @@ def pin_client(cores: Sequence[int] | None) -> Iterator[None]:
         yield
         return
     before = sorted(os.sched_getaffinity(0))
-    _set_all_threads(cores)
+    bind_process(os.getpid(), cores)  # sched_setaffinity(0) alone would bind the calling thread only
     try:
         yield
     finally:
-        _set_all_threads(before)
+        bind_process(os.getpid(), before)
 
 
 def bind_process(pid: int, cores: Sequence[int]) -> int:
