@@ -34,3 +34,20 @@ L="${LBBENCH:-.venv/bin/lbbench}"
 "$L" profile derive --model llama-3.1-8b --gpu a100-40gb --dtype bf16 --max-num-seqs 256 \
     --max-num-batched-tokens 2048 --max-model-len 8192 --chunked-prefill --scheduler v1 \
     --name llama3.1-8b-a100-40gb --out profiles/llama3.1-8b-a100-40gb.toml
+
+# A mixed fleet's other members: the same model and engine settings as llama3.1-8b-a100 (vLLM V0,
+# chunked prefill off, max_num_seqs 128, max_model_len 8192) on an L4 24 GB and an H100 SXM 80 GB.
+# No efficiency factors are fitted on these GPUs: the A100 TP 1 fit is applied to their datasheet
+# peak and bandwidth (their [source] efficiency_transfer says so, with the held-out H100 check).
+"$L" profile derive --model llama-3.1-8b --gpu l4 --dtype bf16 --max-num-seqs 128 \
+    --max-model-len 8192 --no-chunked-prefill --scheduler v0 --name llama3.1-8b-l4 \
+    --out profiles/llama3.1-8b-l4.toml
+"$L" profile derive --model llama-3.1-8b --gpu h100 --dtype bf16 --max-num-seqs 128 \
+    --max-model-len 8192 --no-chunked-prefill --scheduler v0 --name llama3.1-8b-h100 \
+    --out profiles/llama3.1-8b-h100.toml
+
+# The A100-80GB profile at tensor parallelism 2 (the same engine settings); its efficiency factors
+# are the A100 TP 2 fit. Tensor-parallel all-reduce is not in the measured timings nor in the model.
+"$L" profile derive --model llama-3.1-8b --gpu a100-80gb --tp 2 --dtype bf16 --max-num-seqs 128 \
+    --max-model-len 8192 --no-chunked-prefill --scheduler v0 --name llama3.1-8b-a100-tp2 \
+    --out profiles/llama3.1-8b-a100-tp2.toml
