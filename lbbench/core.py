@@ -195,11 +195,24 @@ def bucket_of(tokens: int, edges: tuple[int, ...]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
-    """What the router may know about an instance's capacity."""
+    """What the router may know about an instance's capacity and speed.
+
+    The speed figures come from the instance's profile (``Profile.instance_spec``) or are measured live;
+    in a mixed fleet they differ between instances. The defaults stand in for an unknown instance with
+    the figures the heuristics assume without a profile (2e-4 s per prompt token, 0.02 s per step);
+    only their ratios between instances matter to the capacity-aware routers. The simulator never
+    reads them.
+    """
 
     max_num_seqs: int = 256
     kv_capacity_tokens: int = 1 << 30
     min_step_s: float = 0.02
+    #: decode throughput (tokens per second, all sequences together) at a typical batch
+    batch_decode_tokens_per_s: float = 50.0
+    #: prefill throughput (prompt tokens per second) of a typical prompt prefilled alone
+    prefill_tokens_per_s: float = 5000.0
+    #: the profile's name, a label only (empty when unknown)
+    profile_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +363,12 @@ class ClusterState:
 
     def outstanding_ids(self, instance: int) -> list[int]:
         return list(self._inst[instance].entries)
+
+    def composition(self) -> tuple[tuple[int, int, int, bool], ...]:
+        """Per instance ``(num_outstanding, num_prefilling, prompt_tokens_pending, healthy)``, cheaper than a
+        view: it changes when a request is dispatched, starts decoding, is preempted or finishes, or an
+        instance's health changes (not with every token)."""
+        return tuple((len(e.entries), e.n_prefilling, e.prompt_pending, e.healthy) for e in self._inst)
 
     # -- event handling ---------------------------------------------------------------
     def apply_all(self, events: Iterable[Event]) -> None:

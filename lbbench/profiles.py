@@ -24,6 +24,12 @@ class ProfileError(ValueError):
     pass
 
 
+#: context per sequence (prompt + generated tokens) of the typical decode batch behind an instance's speed figure
+TYPICAL_CONTEXT_TOKENS = 1024
+#: prompt length behind an instance's prefill speed figure
+TYPICAL_PROMPT_TOKENS = 1024
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -77,9 +83,25 @@ class Profile:
         return (self.base_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
                 + self.context_token_s * context_tokens)
 
+    def typical_decode_batch(self) -> int:
+        """Sequences in a typical full decode batch: ``max_num_seqs``, or fewer when the KV cache holds
+        fewer sequences of ``TYPICAL_CONTEXT_TOKENS`` each."""
+        return max(1, min(self.max_num_seqs, self.kv_capacity_tokens // TYPICAL_CONTEXT_TOKENS))
+
     def instance_spec(self) -> InstanceSpec:
+        """What a router may know of an instance with this profile. Speed figures, from the step-time model:
+
+        - ``batch_decode_tokens_per_s = B / step_time_s(0, B, B * C)`` with ``C = TYPICAL_CONTEXT_TOKENS``
+          and ``B = typical_decode_batch()`` (one token per sequence per decode step);
+        - ``prefill_tokens_per_s = P / step_time_s(P, 0, 0)`` with
+          ``P = min(TYPICAL_PROMPT_TOKENS, max_num_batched_tokens)``.
+        """
+        b = self.typical_decode_batch()
+        p = min(TYPICAL_PROMPT_TOKENS, self.max_num_batched_tokens)
         return InstanceSpec(max_num_seqs=self.max_num_seqs, kv_capacity_tokens=self.kv_capacity_tokens,
-                            min_step_s=self.min_step_s)
+                            min_step_s=self.min_step_s,
+                            batch_decode_tokens_per_s=b / self.step_time_s(0, b, b * TYPICAL_CONTEXT_TOKENS),
+                            prefill_tokens_per_s=p / self.step_time_s(p, 0, 0), profile_name=self.name)
 
     def with_overrides(self, **kw: Any) -> "Profile":
         return replace(self, **kw)
