@@ -28,7 +28,8 @@ class RouterInfo:
 
 _REGISTRY: dict[str, RouterInfo] = {}
 _LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
-                 "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead")
+                 "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead",
+                 "lbbench.routers.capacity")
 
 
 def register(name: str, description: str) -> Callable[[Any], Any]:
