@@ -183,3 +183,11 @@ def test_bad_sweep_and_slo_flags_exit_2(args, needle, tmp_path):
     res = CliRunner().invoke(main, ["run", "--requests", "10", "--out", str(tmp_path / "x"), *args])
     assert res.exit_code == 2, res.output
     assert needle in res.output.strip().splitlines()[-1]
+
+
+def test_missing_checkpoint_names_the_flag_and_the_path_given(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    res = CliRunner().invoke(main, ["run", "--router", "wgrl", "--checkpoint", f"wgrl={missing}",
+                                    "--requests", "5", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [f"Error: --checkpoint: no policy.npz at {missing}"]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import click
 
-from .profile import _backend_and_workload_options, _launch_as_profile, _load_options, _requests_for
+from .common import launch_as_profile, requests_for
+from .flags import backend_and_workload_options, load_options
 
 
 def _placement(urls) -> dict | None:
@@ -27,7 +28,7 @@ def _placement(urls) -> dict | None:
 
 @click.command("fidelity")
 @click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
-@_backend_and_workload_options
+@backend_and_workload_options
 @click.option("--calibrate-on", "calibrate_on", default=None,
               help="Transfer: calibrate the profile on this workload's live replays first: trace:FILE[?K=V&...] or "
                    "workload:NAME[?K=V&...] (keys: requests, rate, seed; a trace's max_prompt_tokens, "
@@ -48,7 +49,7 @@ def _placement(urls) -> dict | None:
                    "and leave them out of every figure (a fresh engine's first replays run slow); 0: none.")
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
               help="Comma-separated routers to compare.")
-@_load_options
+@load_options
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="Live replays per router, interleaved by router (and by workload with --calibrate-on).")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -101,10 +102,10 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
         return
     from ..profiling.fidelity import run_fidelity
 
-    ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
+    ctx_launch = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
                                     log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
                                     api_server_cores=api_server_cores)
-    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+    reqs = requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
                          rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens, predictor=predictor)
     with ctx_launch as urls:
@@ -168,7 +169,7 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
     def requests_of(spec, default_seed: int, field: str):
         f = spec.run_config_fields({**defaults, "seed": default_seed})
         try:
-            return _requests_for(prof, profile_name, workload=f.get("workload", "poisson"), trace=f.get("trace"),
+            return requests_for(prof, profile_name, workload=f.get("workload", "poisson"), trace=f.get("trace"),
                                  max_prompt_tokens=None, rate=f["rate_per_s"], requests=f["requests"],
                                  seed=f["seed"], prompt_tokens=f["prompt_tokens"], output_tokens=f["output_tokens"],
                                  predictor=predictor, trace_options=f.get("trace_options") or {},
@@ -179,7 +180,7 @@ def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], c
 
     cal_reqs = requests_of(cal_spec, calibration_seed, "calibrate_on")
     checks = [(s.label, requests_of(s, seed, "check_on")) for s in check_specs]
-    ctx_launch = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
+    ctx_launch = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
                                     log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
                                     api_server_cores=api_server_cores)
     import time

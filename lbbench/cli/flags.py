@@ -1,16 +1,23 @@
-"""From the library's field names to the flags a user typed.
+"""Flags shared by several commands: from the library's field names to the flags, options, value parsers.
 
 Library errors name what is wrong in the library's terms (``lbbench.errors``): a ``RunConfig`` field, a trace
-option, a predictor spec. This table says which flag sets each, so that the one line a user reads names the
+option, a predictor spec. ``FLAGS`` says which flag sets each, so that the one line a user reads names the
 flag (``--rate: -1 must be > 0 requests/s``). A field with no flag keeps its own name.
+
+The option decorators and value parsers below are used by more than one command module; a command module
+imports them from here, never from another command module.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Callable
 
 import click
+
+from ..experiment import ConfigError
+from ..reports.summary import Slo
 
 FLAGS: dict[str, str] = {
     # RunConfig
@@ -76,3 +83,114 @@ def ray_option(f: Callable[..., Any]) -> Callable[..., Any]:
         help="Run the simulated units as Ray tasks (needs the ray extra). `--ray` alone = auto: the cluster in "
              "RAY_ADDRESS, else one started on this machine with `ray start --head`, else a local one; or "
              "HEAD:6379 / ray://HEAD:10001.")(f)
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several click options as one decorator."""
+    def apply(f: Any) -> Any:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+backend_and_workload_options = options(
+    click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each."),
+    click.option("--launch", "launch_model", default=None,
+                 help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured "
+                      "as the profile says (max_num_seqs, token budget, chunked prefill, prefix caching)."),
+    click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch."),
+    click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
+                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
+                      "so that instances do not share compute (as GPU instances do not); refused when "
+                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned."),
+    api_server_option,
+    click.option("--workload", default="poisson", show_default=True,
+                 help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),
+    click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead."),
+    click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
+                 help="With --trace: drop requests with longer prompts (e.g. to fit a small test model)."),
+    click.option("--prompt-tokens", default="128", show_default=True,
+                 help="Poisson workload prompt lengths: N or MEAN:CV (lognormal)."),
+    click.option("--output-tokens", default="128", show_default=True,
+                 help="Poisson workload output lengths: N or MEAN:CV."),
+)
+"""The live backend (``--endpoint`` or ``--launch``) and the workload of ``fidelity`` and ``profile calibrate``."""
+
+load_options = options(
+    click.option("--requests", type=click.IntRange(min=1), default=150, show_default=True),
+    click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+                 help="Arrival rate (req/s); with --trace, the trace is rescaled to it."),
+)
+"""``--requests`` and ``--rate`` of ``fidelity`` and ``profile calibrate``."""
+
+
+def split_csv(value: str | None) -> list[str]:
+    """``a, b,,c`` -> ``["a", "b", "c"]``; None -> ``[]``."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def parse_value(text: str) -> Any:
+    """A ``KEY=VALUE`` value as typed: true/false words -> bool, then int, then float, else the string."""
+    low = text.lower()
+    if low in ("true", "on", "yes"):
+        return True
+    if low in ("false", "off", "no"):
+        return False
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_endpoints_file(path: str) -> list[str]:
+    """The http(s) URLs of an ``--endpoints`` file, one a line, ``#`` comments allowed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--endpoints {path}: no such file")
+    urls = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not line.startswith(("http://", "https://")):
+            raise ConfigError(f"--endpoints {path}: line {n}: not an http(s) URL: {line!r}")
+        urls.append(line)
+    if not urls:
+        raise ConfigError(f"--endpoints {path}: no endpoints in the file")
+    return urls
+
+
+def parse_slo(text: str | None) -> Slo | None:
+    """``ttft=0.5,tbt=0.1,e2e=30`` (seconds) -> Slo; raises BadParameter naming --slo."""
+    if text is None:
+        return None
+    limits: dict[str, float] = {}
+    for part in text.split(","):
+        name, sep, val = part.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in ("ttft", "tbt", "e2e"):
+            raise click.BadParameter(f"{part.strip()!r}: expected ttft=S, tbt=S or e2e=S "
+                                     "(seconds), comma-separated", param_hint="'--slo'")
+        try:
+            v = float(val)
+        except ValueError:
+            raise click.BadParameter(f"{name}={val!r} is not a number of seconds",
+                                     param_hint="'--slo'") from None
+        if not v > 0:
+            raise click.BadParameter(f"{name} must be > 0 seconds", param_hint="'--slo'")
+        limits[f"{name}_s"] = v
+    return Slo(**limits)
+
+
+def slo_limits(value: str | None) -> dict[str, float]:
+    """``--slo`` as the keyword limits of ``Slo`` that were given (``{}`` without the flag); ConfigError if bad."""
+    if value is None:
+        return {}
+    try:
+        slo = parse_slo(value)
+    except click.BadParameter as exc:
+        raise ConfigError(f"--slo: {exc.message}") from None
+    return {k: v for k, v in vars(slo).items() if v is not None}

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ..experiment import ConfigError
 from .flags import ray_option
-from .main import _split_csv
+from .flags import split_csv
 
 _SHOWN = [("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50"), ("p99_e2e_s", "p99"),
           ("preemptions", "preempt."), ("mean_router_wait_s", "router wait"),
@@ -106,7 +106,7 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
     flags = dict(run_cmd.make_context("run", []).params)  # lbbench run's defaults for what headroom leaves out
     flags.update({k: kw[k] for k in ("profile", "instances", "workload", "trace", "rate", "requests", "predictor",
                                      "seeds", "seed", "burstiness", "jobs", "router_opts")})
-    asked = _split_csv(kw["routers"])
+    asked = split_csv(kw["routers"])
     flags["routers"] = ",".join(dict.fromkeys(["round_robin", *asked, *(o.partition(".")[0] for o in
                                                                      kw["router_opts"])]))
     cfg = config_from_flags(flags)

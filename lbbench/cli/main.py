@@ -16,12 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from ..experiment import ConfigError
-
-err_console = Console(stderr=True)
-
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean bad user input (exit 2, one line)."""
@@ -62,24 +58,6 @@ def main() -> None:
     """lbbench: benchmark LLM request routers on simulated or live clusters."""
 
 
-def _split_csv(value: str | None) -> list[str]:
-    return [v.strip() for v in (value or "").split(",") if v.strip()]
-
-
-def _parse_value(text: str) -> Any:
-    low = text.lower()
-    if low in ("true", "on", "yes"):
-        return True
-    if low in ("false", "off", "no"):
-        return False
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 @main.command("routers")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def routers_cmd(fmt: str) -> None:
@@ -114,23 +92,6 @@ def profiles_cmd(fmt: str) -> None:
             phys = ("" if r["prefill_mfu"] is None else
                     f"  [prefill MFU {r['prefill_mfu']:.2f}, decode bandwidth {r['decode_bw_util']:.2f}]")
             click.echo(f"{r['name']:<{width}}  {r['description']}{phys}")
-
-
-def _read_endpoints_file(path: str) -> list[str]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"--endpoints {path}: no such file")
-    urls = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if not line.startswith(("http://", "https://")):
-            raise ConfigError(f"--endpoints {path}: line {n}: not an http(s) URL: {line!r}")
-        urls.append(line)
-    if not urls:
-        raise ConfigError(f"--endpoints {path}: no endpoints in the file")
-    return urls
 
 
 def _add_optional_commands() -> None:

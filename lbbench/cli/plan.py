@@ -19,14 +19,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..errors import InputError
 from ..experiment import ConfigError, RunConfig
 from ..reports.summary import Slo
-from .flags import ray_option
-from .main import _split_csv, err_console
-from .run import _slo, _trace_options_decorator
+from .common import err_console
+from .flags import ray_option, slo_limits, split_csv
+from .trace import trace_options, trace_transform_options
 
 
 def _tps(value: str) -> list[int]:
     out = []
-    for part in _split_csv(value):
+    for part in split_csv(value):
         try:
             out.append(int(part))
         except ValueError:
@@ -39,18 +39,16 @@ def _tps(value: str) -> list[int]:
 def plan_config_from_flags(kw: dict[str, Any]) -> Any:
     from ..planning import PlanConfig
 
-    from .trace import trace_options
-
     trace_opts = trace_options(kw)
-    slo = _slo(kw["slo"])
+    slo = slo_limits(kw["slo"])
     if not slo:
         raise ConfigError("--slo: give at least one limit, e.g. ttft=2,tbt=0.1")
     run = RunConfig(workload=kw["workload"], trace=kw["trace"], trace_options=trace_opts, rate_per_s=kw["rate"],
-                    requests=kw["requests"], routers=_split_csv(kw["routers"]),
-                    instance_schedulers=_split_csv(kw["instance_scheduler"]), seeds=kw["seeds"], seed=kw["seed"],
+                    requests=kw["requests"], routers=split_csv(kw["routers"]),
+                    instance_schedulers=split_csv(kw["instance_scheduler"]), seeds=kw["seeds"], seed=kw["seed"],
                     burstiness=kw["burstiness"], predictor=kw["predictor"], prompt_tokens=kw["prompt_tokens"],
                     output_tokens=kw["output_tokens"])
-    return PlanConfig(run=run, model=kw["model"], gpus=_split_csv(kw["gpu"]), tps=_tps(kw["tp"]), slo=Slo(**slo),
+    return PlanConfig(run=run, model=kw["model"], gpus=split_csv(kw["gpu"]), tps=_tps(kw["tp"]), slo=Slo(**slo),
                       attainment=kw["attainment"], max_instances=kw["max_instances"], dtype=kw["dtype"],
                       price_file=kw["price_file"], jobs=kw["jobs"], ray=kw["ray_address"])
 
@@ -96,7 +94,7 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
               help="html: to DIR/plan.html with --out, else to stdout.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write points.jsonl, plan.json, plan.png and plan.html here.")
-@_trace_options_decorator
+@trace_transform_options
 def plan_cmd(**kw: Any) -> None:
     """How many instances of which GPU does this traffic need to meet its SLO?
 

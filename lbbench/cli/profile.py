@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 import tomli_w
 
-from .flags import api_server_option
+from .common import launch_as_profile, requests_for
+from .flags import api_server_option, backend_and_workload_options, load_options
 
 
 def write_profile_toml(profile: dict, out: str | Path) -> Path:
@@ -18,81 +19,6 @@ def write_profile_toml(profile: dict, out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(tomli_w.dumps(profile))
     return out
-
-
-def _options(*decorators):
-    """Several click options as one decorator (shared by ``fidelity`` and ``profile calibrate``)."""
-    def apply(f):
-        for d in reversed(decorators):
-            f = d(f)
-        return f
-    return apply
-
-
-_backend_and_workload_options = _options(
-    click.option("--endpoint", multiple=True, help="Live instances (base URLs); repeat the flag for each."),
-    click.option("--launch", "launch_model", default=None,
-                 help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured "
-                      "as the profile says (max_num_seqs, token budget, chunked prefill, prefix caching)."),
-    click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch."),
-    click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
-                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
-                      "so that instances do not share compute (as GPU instances do not); refused when "
-                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned."),
-    api_server_option,
-    click.option("--workload", default="poisson", show_default=True,
-                 help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),
-    click.option("--trace", default=None, type=click.Path(dir_okay=False), help="Replay this trace instead."),
-    click.option("--max-prompt-tokens", type=click.IntRange(min=1), default=None,
-                 help="With --trace: drop requests with longer prompts (e.g. to fit a small test model)."),
-    click.option("--prompt-tokens", default="128", show_default=True,
-                 help="Poisson workload prompt lengths: N or MEAN:CV (lognormal)."),
-    click.option("--output-tokens", default="128", show_default=True,
-                 help="Poisson workload output lengths: N or MEAN:CV."),
-)
-
-_load_options = _options(
-    click.option("--requests", type=click.IntRange(min=1), default=150, show_default=True),
-    click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
-                 help="Arrival rate (req/s); with --trace, the trace is rescaled to it."),
-)
-
-
-def _requests_for(prof, profile_name: str, *, workload: str, trace: str | None, max_prompt_tokens: int | None,
-                  rate: float, requests: int, seed: int, prompt_tokens: str, output_tokens: str, predictor: str,
-                  trace_options: dict | None = None, burstiness: float = 1.0):
-    from ..experiment import RunConfig, build_requests
-    from ..predict import annotate, load_predictor
-
-    opts = dict(trace_options or {})
-    if max_prompt_tokens:
-        opts["max_prompt_tokens"] = max_prompt_tokens
-    cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
-                    trace_options=opts, seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                    predictor=predictor, burstiness=burstiness)
-    return annotate(build_requests(cfg, prof, seed, None), load_predictor(predictor, profile=prof, seed=seed))
-
-
-def _launch_as_profile(prof, launch_model: str | None, endpoint, instances: int, *, vllm_python, log_dir,
-                       port_base: int, cpus_per_instance: int | None = None, api_server_cores: str = "client"):
-    """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
-    import contextlib
-
-    from ..engines.vllm.launcher import launch
-
-    if bool(endpoint) == (launch_model is not None):
-        raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
-    if launch_model is None:
-        return contextlib.nullcontext(list(endpoint))
-    extra = [] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"]
-    if not prof.chunked_prefill:  # vLLM without chunked prefill needs max_num_batched_tokens >= max_model_len
-        extra += ["--max-model-len", str(prof.max_model_len)]
-    return launch(launch_model, instances, chunked_prefill=prof.chunked_prefill, max_num_seqs=prof.max_num_seqs,
-                  max_num_batched_tokens=prof.max_num_batched_tokens, vllm_python=vllm_python,
-                  log_dir=log_dir, port_base=port_base, extra_args=extra, cpus_per_instance=cpus_per_instance,
-                  front_end=api_server_cores,
-                  # vLLM's /reset_prefix_cache (dev mode) lets every replay start on a cold cache
-                  extra_env={"VLLM_SERVER_DEV_MODE": "1"} if prof.enable_prefix_caching else None)
 
 
 @click.group("profile")
@@ -334,9 +260,9 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @profile.command("calibrate")
 @click.option("--profile", "profile_name", required=True,
               help="The measured profile (a .toml) to calibrate; the shape of its prefill and decode costs is kept.")
-@_backend_and_workload_options
+@backend_and_workload_options
 @click.option("--router", default="round_robin", show_default=True, help="Router of the calibration replays.")
-@_load_options
+@load_options
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Live replays of the calibration requests (their means are fitted).")
 @click.option("--seed", type=int, default=1, show_default=True,
@@ -370,10 +296,10 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     if path.suffix != ".toml" or not path.is_file():
         raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
     prof = load_profile(path)
-    ctx = _launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
+    ctx = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
                              port_base=port_base, cpus_per_instance=cpus_per_instance,
                              api_server_cores=api_server_cores)
-    reqs = _requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+    reqs = requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
                          rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
                          output_tokens=output_tokens, predictor=predictor)
 

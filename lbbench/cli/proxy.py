@@ -7,6 +7,8 @@ import signal
 
 import click
 
+from .flags import parse_value, read_endpoints_file
+
 
 @click.command("proxy")
 @click.option("--endpoint", "endpoints", multiple=True, help="A backend (base URL); repeat for each.")
@@ -33,7 +35,6 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web
 
-    from .main import _parse_value, _read_endpoints_file
     from ..harness.replay import normalize_endpoint
     from ..profiles import load_profile
     from ..proxy.gateway import Gateway, ProxyConfig
@@ -41,7 +42,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
 
     urls = [normalize_endpoint(u) for u in endpoints]
     if endpoints_file:
-        urls += [normalize_endpoint(u) for u in _read_endpoints_file(endpoints_file)]
+        urls += [normalize_endpoint(u) for u in read_endpoints_file(endpoints_file)]
     if not urls:
         raise click.UsageError("give at least one --endpoint URL (or --endpoints FILE)")
     opts = {}
@@ -49,7 +50,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         k, eq, v = o.partition("=")
         if not eq:
             raise click.BadParameter(f"{o!r}: expected KEY=VALUE", param_hint="--router-opt")
-        opts[k] = _parse_value(v)
+        opts[k] = parse_value(v)
     prof = load_profile(profile) if profile else None
     from ..routers.registry import ORACLE_REFUSAL, needs_simulator
     if needs_simulator(router):

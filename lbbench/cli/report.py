@@ -16,7 +16,7 @@ import click
 from ..reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
                               parse_threshold)
 from ..reports.load import RunDirError
-from .flags import user_message
+from .flags import parse_slo, user_message
 from ..reports.report import FORMATS, build_report, write_plots
 from ..reports.summary import SummaryError
 from ..reports.tables import Slo
@@ -26,28 +26,6 @@ class InputError(click.ClickException):
     """A run directory or file cannot be used: one line, exit code 2."""
 
     exit_code = 2
-
-
-def parse_slo(text: str | None) -> Slo | None:
-    """``ttft=0.5,tbt=0.1,e2e=30`` (seconds) -> Slo; raises BadParameter naming --slo."""
-    if text is None:
-        return None
-    limits: dict[str, float] = {}
-    for part in text.split(","):
-        name, sep, val = part.partition("=")
-        name = name.strip().lower()
-        if not sep or name not in ("ttft", "tbt", "e2e"):
-            raise click.BadParameter(f"{part.strip()!r}: expected ttft=S, tbt=S or e2e=S "
-                                     "(seconds), comma-separated", param_hint="'--slo'")
-        try:
-            v = float(val)
-        except ValueError:
-            raise click.BadParameter(f"{name}={val!r} is not a number of seconds",
-                                     param_hint="'--slo'") from None
-        if not v > 0:
-            raise click.BadParameter(f"{name} must be > 0 seconds", param_hint="'--slo'")
-        limits[f"{name}_s"] = v
-    return Slo(**limits)
 
 
 def _slo_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Slo | None:

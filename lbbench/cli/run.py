@@ -18,16 +18,9 @@ from rich.table import Table
 
 from ..distributed import UnitError, get_executor
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
-from .flags import api_server_option, ray_option
-from .main import _parse_value, _read_endpoints_file, _split_csv, err_console
-
-
-def _trace_options_decorator(f: Any) -> Any:
-    try:
-        from .trace import trace_transform_options
-    except ImportError:  # pragma: no cover - trace readers are part of the package
-        return f
-    return trace_transform_options(f)
+from .common import err_console
+from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
+from .trace import trace_transform_options
 
 
 def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
@@ -39,7 +32,7 @@ def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
                               "learned routers in --router")
         return {learned[0]: {"checkpoint": value}}
     out: dict[str, dict[str, Any]] = {}
-    for part in _split_csv(value):
+    for part in split_csv(value):
         name, eq, path = part.partition("=")
         if not eq or name not in routers:
             raise ConfigError(f"--checkpoint {part!r}: expected ROUTER=DIR with ROUTER in --router")
@@ -79,11 +72,11 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
     from .trace import trace_options
 
     trace_opts = trace_options(kw)
-    routers = _split_csv(kw["routers"])
+    routers = split_csv(kw["routers"])
     rates = _rates(kw["rate"])
     endpoints = list(kw["endpoints"])
     if kw["endpoints_file"]:
-        endpoints += _read_endpoints_file(kw["endpoints_file"])
+        endpoints += read_endpoints_file(kw["endpoints_file"])
     router_options: dict[str, Any] = {}
     if kw["checkpoint"]:
         router_options = _checkpoints(kw["checkpoint"], routers)
@@ -92,16 +85,16 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         key, eq, value = rest.partition("=")
         if not (name and key and eq):
             raise ConfigError(f"--router-opt {opt!r}: expected ROUTER.KEY=VALUE")
-        router_options.setdefault(name, {})[key] = _parse_value(value)
+        router_options.setdefault(name, {})[key] = parse_value(value)
     return RunConfig(
         profile=kw["profile"], instances=kw["instances"], workload=kw["workload"], trace=kw["trace"],
         trace_options=trace_opts, rate_per_s=None if rates or kw["trace"] else 20.0, rates=rates,
         requests=kw["requests"], routers=routers, router_options=router_options,
-        instance_schedulers=_split_csv(kw["instance_scheduler"]), chunked_prefill=_chunked(kw["chunked_prefill"]),
-        orders=[None] if kw["order"] is None else _split_csv(kw["order"]),
+        instance_schedulers=split_csv(kw["instance_scheduler"]), chunked_prefill=_chunked(kw["chunked_prefill"]),
+        orders=[None] if kw["order"] is None else split_csv(kw["order"]),
         seeds=kw["seeds"], seed=kw["seed"], burstiness=kw["burstiness"], predictor=kw["predictor"],
         prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
-        timeline_interval_s=kw["timeline_interval"] or None, slo=_slo(kw["slo"]),
+        timeline_interval_s=kw["timeline_interval"] or None, slo=slo_limits(kw["slo"]),
         prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
         endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
@@ -203,7 +196,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "to its worker.")
 @click.option("--timeline-interval", type=float, default=1.0, show_default=True,
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
-@_trace_options_decorator
+@trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.
 
@@ -290,7 +283,7 @@ def _load_workers(value: str) -> int | None:
 
 def _rates(value: str | None) -> list[float]:
     out = []
-    for part in _split_csv(value):
+    for part in split_csv(value):
         try:
             rate = float(part)
         except ValueError:
@@ -301,17 +294,6 @@ def _rates(value: str | None) -> list[float]:
     if value is not None and not out:
         raise ConfigError("--rate: give a rate in requests/s, or several comma-separated")
     return out
-
-
-def _slo(value: str | None) -> dict[str, float]:
-    if value is None:
-        return {}
-    from .report import parse_slo
-    try:
-        slo = parse_slo(value)
-    except click.BadParameter as exc:
-        raise ConfigError(f"--slo: {exc.message}") from None
-    return {k: v for k, v in vars(slo).items() if v is not None}
 
 
 _COLUMNS = [

@@ -52,6 +52,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lbbench.core import ClusterView, Decision, Request
+from lbbench.errors import InputError
 from lbbench.routers.mixing import MixingParams, heuristic_prior, least_impact_instance, penalties
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 
@@ -60,8 +61,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent.parent / "checkpoints"
 VARIANTS = ("baseline_rl", "wa_rl", "wgrl")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable or does not fit the run."""
+class CheckpointError(InputError):
+    """A checkpoint is missing, unreadable or does not fit the run (bad input: the CLI names the flag)."""
 
 
 class QPolicy:
@@ -189,7 +190,7 @@ def load_policy(path: str | Path) -> QPolicy | SharedQPolicy:
     if p.is_dir():
         p = p / POLICY_FILE
     if not p.is_file():
-        raise CheckpointError(f"checkpoint: no {POLICY_FILE} at {p.parent}")
+        raise CheckpointError(f"no {POLICY_FILE} at {path}", "checkpoint")
 
     def layers(z, prefix: str) -> list:
         n = sum(1 for k in z.files if k.startswith(f"{prefix}w"))
