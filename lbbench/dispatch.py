@@ -34,6 +34,19 @@ class Router(Protocol):
         ...
 
 
+class EpochGuard(Protocol):
+    """An optional shortcut around a router's decisions (``Dispatcher.guard``): a driver that knows when its
+    router would defer anyway (a planner's rollouts of a gate) spares the epoch, and with it the view."""
+
+    def skip(self, now_s: float) -> bool:
+        """True: this epoch decides nothing (the router is not offered the queue)."""
+        ...
+
+    def decided(self, now_s: float) -> None:
+        """Called after every epoch the router was offered (its dispatches already taken off the queue)."""
+        ...
+
+
 class RouterError(RuntimeError):
     """A router returned a decision that cannot be carried out."""
 
@@ -42,19 +55,27 @@ class Dispatcher:
     """Central FIFO queue (arrival order) + decision epochs."""
 
     def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None):
-        self.router = router
         self.state = state
         self.max_per_epoch = max_per_epoch
         self._queue: list[Request] = []
-        self._detail = bool(getattr(router, "needs_detail", False))
-        self._on_event = getattr(router, "on_event", None)
+        self.set_router(router)
+        #: consulted around every epoch when set (``EpochGuard``)
+        self.guard: EpochGuard | None = None
         self.num_decisions = 0
         self.num_deferrals = 0
         #: the dispatches decided so far in the epoch in progress (the backend sends them when it ends)
         self.decided: list[tuple[Request, int]] = []
 
+    def set_router(self, router: Router) -> None:
+        """Decide with ``router`` from now on: its hooks (``needs_detail``, ``on_event``) replace the old one's;
+        the queue and the state are kept."""
+        self.router = router
+        self._detail = bool(getattr(router, "needs_detail", False))
+        self._on_event = getattr(router, "on_event", None)
+
     @property
     def queue(self) -> Sequence[Request]:
+        """The requests waiting at the router, oldest first (read-only)."""
         return self._queue
 
     def __len__(self) -> int:
@@ -80,6 +101,9 @@ class Dispatcher:
         """Run one decision epoch; returns ``(request, instance)`` dispatches."""
         out: list[tuple[Request, int]] = []
         self.decided = out
+        guard = self.guard
+        if guard is not None and guard.skip(now_s):
+            return out
         queue = self._queue
         n_inst = self.state.num_instances
         while queue and (self.max_per_epoch is None or len(out) < self.max_per_epoch):
@@ -94,6 +118,8 @@ class Dispatcher:
                 raise RouterError(f"router {self.router.name!r} returned invalid decision {decision!r} "
                                   f"(queue length {len(queue)}, {n_inst} instances)")
             out.append((self.dispatch(qi, inst, now_s), inst))
+        if guard is not None:
+            guard.decided(now_s)
         return out
 
     def dispatch(self, queue_index: int, instance: int, now_s: float) -> Request:

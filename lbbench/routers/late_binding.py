@@ -251,7 +251,7 @@ class Calibration:
         return max(1, math.ceil(predicted_tokens * self.ratio(predicted_tokens)))
 
 
-class _Gate:
+class KvGate:
     """One instance's headroom for a decision: the projected KV curve of its
     outstanding requests, evaluated at the points where a request finishes."""
 
@@ -343,6 +343,12 @@ class LateBindingRouter:
         self._max_prefill = (self.params.max_prefill_tokens if self.params.max_prefill_tokens is not None
                              else (p.max_num_batched_tokens if p else 2048))
         self.reset(seed)
+
+    @property
+    def last_eval_s(self) -> float:
+        """When the router last evaluated its gates (a deferral stands ``refresh_s`` from then unless the
+        cluster changes)."""
+        return self._last_eval_s
 
     # ------------------------------------------------------------------ bookkeeping
     def reset(self, seed: int | None = None) -> None:
@@ -484,7 +490,7 @@ class LateBindingRouter:
                 return False
         return True
 
-    def _eligible(self, r: Request, gates: list[_Gate]) -> list[_Gate]:
+    def _eligible(self, r: Request, gates: list[KvGate]) -> list[KvGate]:
         d = self.planned_output_tokens(r)
         p = r.prompt_tokens
         return [g for g in gates if g.fits(p, clamp_output(d, p, g.cap))]
@@ -539,7 +545,7 @@ class LateBindingRouter:
         gates = []
         for iv in open_ivs:
             cap = self._capacity(iv)
-            gates.append(_Gate(iv, cap, cap * (1.0 + prm.kv_slack), plan, prm.overrun_tokens))
+            gates.append(KvGate(iv, cap, cap * (1.0 + prm.kv_slack), plan, prm.overrun_tokens))
 
         # backfill in release order; the largest prompt any gate admits for a given
         # output length is computed once per length (it is what every candidate needs)

@@ -56,6 +56,7 @@ use as a teacher (imitation learning) outside a run.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
@@ -63,6 +64,7 @@ import numpy as np
 
 from ..core import ClusterView, Decision, Request
 from ..profiles import Profile
+from ..sim.cluster import ClusterSim
 from .late_binding import LateBindingRouter
 from .registry import get_router, register
 
@@ -183,39 +185,16 @@ def _candidates(queue: Sequence[Request], view: ClusterView, reorder: bool, k: i
     return [None] + [Decision(q, i) for q in picks for i in healthy]
 
 
-def _finish_epoch(sim: Any, out: list) -> None:
-    """What ``ClusterSim._epoch`` does once the dispatcher's decisions are made: send them, arm the timer."""
-    for req, i in out:
-        sim._send(req, i)
-    if len(sim.dispatcher) and not sim._timer_pending:
-        sim._timer_pending = True
-        sim._push(sim.now_s + sim.profile.min_step_s, 2, None)  # cluster._TIMER
+#: ``decode_token_s`` of each simulator planned on (computed once per episode; forks are given it)
+_TOKEN_S: "weakref.WeakKeyDictionary[ClusterSim, float]" = weakref.WeakKeyDictionary()
 
 
-def _run_until(sim: Any, until_s: float) -> None:
-    while not sim.done and sim._has_events():
-        reqs = sim.requests
-        na = sim._next_arrival
-        ta = reqs[na].arrival_s if na < len(reqs) else math.inf
-        th = sim._heap[0][0] if sim._heap else math.inf
-        if min(ta, th) > until_s:
-            break
-        sim._step_event()
-
-
-def _set_router(sim: Any, router: Any) -> None:
-    d = sim.dispatcher
-    d.router = router
-    d._detail = bool(getattr(router, "needs_detail", False))
-    d._on_event = getattr(router, "on_event", None)
-
-
-def decode_token_s(sim: Any) -> float:
+def decode_token_s(sim: ClusterSim) -> float:
     """Instance-seconds per decode token of a full batch on this workload, one constant per simulator: the
     batch that fills the KV cache with requests of the workload's mean size (at most ``max_num_seqs``), its
     step time over its size. The same for every request and every candidate, so the estimate rewards real
     progress (tokens made, no recompute) and never where a request happens to sit."""
-    cached = getattr(sim, "_lookahead_token_s", None)
+    cached = _TOKEN_S.get(sim)
     if cached is not None:
         return cached
     prof = sim.profile
@@ -223,42 +202,39 @@ def decode_token_s(sim: Any) -> float:
     mean_tokens = (sum(r.prompt_tokens + 0.5 * r.output_tokens for r in reqs) / len(reqs)) if reqs else 1.0
     n = min(float(prof.max_num_seqs), max(1.0, prof.kv_capacity_tokens / max(1.0, mean_tokens)))
     tau = (prof.base_s + prof.decode_seq_s * n + prof.context_token_s * 0.5 * prof.kv_capacity_tokens) / n
-    sim._lookahead_token_s = tau
+    _TOKEN_S[sim] = tau
     return tau
 
 
-def _unfinished_estimate_s(sim: Any, now_s: float, end_s: float) -> tuple[float, int]:
+def _unfinished_estimate_s(sim: ClusterSim, now_s: float, end_s: float, tau: float) -> tuple[float, int]:
     """Time-in-system within the horizon plus the fluid-FIFO estimate of every unfinished request (see the
-    module docstring), and how many requests that is."""
+    module docstring), and how many requests that is. ``tau``: ``decode_token_s``."""
     a = sim.profile.prefill_token_s
-    tau = decode_token_s(sim)
     rows: list[tuple[float, float]] = []  # (arrival, remaining work in instance-seconds)
-    for inst in sim.instances:
-        for r in inst.reqs.values():
-            gen = r.g0 + inst.clock - r.c0 if r.decoding else r.generated
-            comp = r.key + inst.clock if r.decoding else r.num_computed
-            work = max(0, r.prompt_tokens + gen - comp) * a + max(0, r.output_tokens - gen) * tau
-            rows.append((r.request.arrival_s, work))
-    for r in sim.dispatcher.queue:
-        rows.append((r.arrival_s, r.prompt_tokens * a + r.output_tokens * tau))
+    for _, r, comp, gen in sim.pending_work():
+        work = max(0, r.prompt_tokens + gen - comp) * a + max(0, r.output_tokens - gen) * tau
+        rows.append((r.arrival_s, work))
     if not rows:
         return 0.0, 0
     arr = np.array(rows)
     arr = arr[np.argsort(arr[:, 0], kind="stable")]
-    m = len(sim.instances)
+    m = sim.num_instances
     waited = np.sum(end_s - np.maximum(arr[:, 0], now_s))
     return float(waited + np.sum(np.cumsum(arr[:, 1])) / m), len(rows)
 
 
-def rollout_cost(sim: Any, now_s: float, horizon_s: float, first_record: int) -> float:
-    """Sum of E2E latency from ``now_s`` of every request in scope of a fork rolled forward to the horizon."""
-    return _rollout(sim, now_s, horizon_s, first_record)[0]
+def rollout_cost(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int,
+                 tau: float | None = None) -> float:
+    """Sum of E2E latency from ``now_s`` of every request in scope of a fork rolled forward to the horizon
+    (``tau``: the decode cost per token of the estimate, default ``decode_token_s(sim)``)."""
+    return _rollout(sim, now_s, horizon_s, first_record, decode_token_s(sim) if tau is None else tau)[0]
 
 
-def _rollout(sim: Any, now_s: float, horizon_s: float, first_record: int) -> tuple[float, int]:
+def _rollout(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int, tau: float
+             ) -> tuple[float, int]:
     """(cost, requests in scope) of a fork rolled forward to ``now_s + horizon_s``."""
     end_s = now_s + horizon_s
-    _run_until(sim, end_s)
+    sim.run_until(end_s)
     cost = 0.0
     recs = sim.records
     for k in range(first_record, len(recs)):
@@ -267,75 +243,74 @@ def _rollout(sim: Any, now_s: float, horizon_s: float, first_record: int) -> tup
         cost += done_s - max(rec.arrival_s, now_s)
     n = len(recs) - first_record
     if not sim.done:
-        c, m = _unfinished_estimate_s(sim, now_s, end_s)
+        c, m = _unfinished_estimate_s(sim, now_s, end_s, tau)
         cost += c
         n += m
     return cost, n
 
 
-def _gate_idle_decide(fork: Any, base: Any) -> Any:
-    """The fork dispatcher's ``decide`` for a ``late_binding_srpt`` base: the same decisions, without building a
-    view or calling the router when the router would defer anyway. After an epoch that ended deferring, the
-    router defers again while the head of the queue, the queue length and every instance's outstanding,
-    prefilling and pending-prompt counts are unchanged, within its own ``refresh_s`` of its last evaluation
-    and before the head ages past ``max_wait_s`` (``LateBindingRouter.route``: no open instance, or an
-    unchanged signature within ``refresh_s``). Most of a rollout's epochs are such re-offers every Δt; the
-    simulator's own epoch (sends, the next offer's timer) is unchanged."""
-    decide = fork.dispatcher.decide
-    queue = fork.dispatcher._queue
-    insts = fork.state._inst
-    prm = base.params
-    last: list = [None]
+class GateIdleGuard:
+    """The fork dispatcher's epoch guard (``Dispatcher.guard``) for a ``late_binding_srpt`` base: the same
+    decisions, without building a view or calling the router when the router would defer anyway. After an
+    epoch that ended deferring, the router defers again while the head of the queue, the queue length and
+    every instance's outstanding, prefilling and pending-prompt counts are unchanged, within its own
+    ``refresh_s`` of its last evaluation and before the head ages past ``max_wait_s``
+    (``LateBindingRouter.route``: no open instance, or an unchanged signature within ``refresh_s``). Most of
+    a rollout's epochs are such re-offers every Δt; the simulator's own epoch (sends, the next offer's timer)
+    is unchanged."""
 
-    def sig() -> tuple:
-        return (len(queue), queue[0].request_id,
-                tuple((len(e.entries), e.n_prefilling, e.prompt_pending, e.healthy) for e in insts))
+    __slots__ = ("queue", "state", "router", "refresh_s", "max_wait_s", "last")
 
-    def idle_decide(now: float) -> list:
-        if (last[0] is not None and now - base._last_eval_s < prm.refresh_s
-                and now - queue[0].arrival_s < prm.max_wait_s and last[0] == sig()):
-            return []
-        out = decide(now)
-        last[0] = sig() if queue else None  # what the router saw when it deferred (before the sends)
-        return out
+    def __init__(self, sim: ClusterSim, router: LateBindingRouter):
+        self.queue = sim.dispatcher.queue
+        self.state = sim.state
+        self.router = router
+        self.refresh_s = router.params.refresh_s
+        self.max_wait_s = router.params.max_wait_s
+        self.last: tuple | None = None  # what the router saw when it last deferred
 
-    return idle_decide
+    def _sig(self) -> tuple:
+        queue = self.queue
+        return len(queue), queue[0].request_id, self.state.composition()
+
+    def skip(self, now_s: float) -> bool:
+        last = self.last
+        return (last is not None and now_s - self.router.last_eval_s < self.refresh_s
+                and now_s - self.queue[0].arrival_s < self.max_wait_s and last == self._sig())
+
+    def decided(self, now_s: float) -> None:
+        self.last = self._sig() if self.queue else None  # before the sends
 
 
-def evaluate(sim: Any, action: Decision | None, *, pending: Sequence[tuple[Request, int]] = (),
+def evaluate(sim: ClusterSim, action: Decision | None, *, pending: Sequence[tuple[Request, int]] = (),
              params: LookaheadParams = LookaheadParams(), seed: int = 0, as_base: bool = False) -> float:
     """Cost of taking ``action`` at ``sim``'s current epoch (after the ``pending`` dispatches already decided
     in it) and following a fresh base policy after. ``as_base``: let the base policy make this epoch's
     decision itself (the rollout of the base's own action)."""
-    return _evaluate(sim, action, pending, params, seed, as_base, params.horizon_s)[0]
+    return _evaluate(sim, action, pending, params, seed, as_base, params.horizon_s, decode_token_s(sim))[0]
 
 
-def _evaluate(sim: Any, action: Decision | None, pending: Sequence[tuple[Request, int]],
-              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float) -> tuple[float, int]:
+def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[Request, int]],
+              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: float
+              ) -> tuple[float, int]:
     fork = sim.clone()
     now = fork.now_s
     first = len(fork.records)
-    base = make_base(params.base, len(fork.instances), seed, fork.profile)
+    base = make_base(params.base, fork.num_instances, seed, fork.profile)
     disp = fork.dispatcher
     out = list(pending)
-    if as_base:
-        _set_router(fork, base)
+    if action is not None and not as_base:
+        out.append((disp.dispatch(action.queue_index, action.instance, now), action.instance))
+    fork.set_router(base)
+    if as_base or action is not None:
         out += disp.decide(now)
-    elif action is not None:
-        req = disp.dispatch(action.queue_index, action.instance, now)
-        out.append((req, action.instance))
-        _set_router(fork, base)
-        out += disp.decide(now)
-    else:
-        _set_router(fork, base)
-    _finish_epoch(fork, out)
-    fork._auto = True
+    fork.send(out)
     if isinstance(base, LateBindingRouter):
-        fork.dispatcher.decide = _gate_idle_decide(fork, base)
-    return _rollout(fork, now, horizon_s, first)
+        disp.guard = GateIdleGuard(fork, base)
+    return _rollout(fork, now, horizon_s, first, tau)
 
 
-def plan_action(sim: Any, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
+def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
                 k: int = 2, pending: Sequence[tuple[Request, int]] = (), seed: int = 0, margin_s: float = 0.05,
                 screen_s: float = 1.0) -> Decision | None:
     """The planner's action at ``sim``'s current decision epoch: ``Decision(queue_index, instance)`` or
@@ -357,15 +332,15 @@ def _margin(params: LookaheadParams, horizon_s: float) -> float:
     return params.margin_s if math.isfinite(horizon_s) else 0.0
 
 
-def _plan(sim: Any, params: LookaheadParams, pending: Sequence[tuple[Request, int]], seed: int
+def _plan(sim: ClusterSim, params: LookaheadParams, pending: Sequence[tuple[Request, int]], seed: int
           ) -> tuple[Decision | None, int, bool]:
     """(best action, number of rollouts, whether it replaced the base policy's own action)."""
     queue = sim.dispatcher.queue
     if not queue:
         return None, 0, False
-    decode_token_s(sim)  # computed once on the original; its forks inherit it
+    tau = decode_token_s(sim)  # computed once per simulator; its forks are given it
     view = sim.state.view(detail=True)
-    base = make_base(params.base, len(sim.instances), seed, sim.profile)
+    base = make_base(params.base, sim.num_instances, seed, sim.profile)
     base_action = base.route(queue, view, sim.now_s)
     cands = [c for c in _candidates(queue, view, params.reorder, params.k) if c != base_action]
     if not cands:
@@ -373,19 +348,19 @@ def _plan(sim: Any, params: LookaheadParams, pending: Sequence[tuple[Request, in
     h = params.horizon_s
     two_stage = 0.0 < params.screen_s < h and math.isfinite(h)
     h1 = params.screen_s if two_stage else h
-    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h1)
+    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h1, tau)
     bar = base_cost - _margin(params, h1) * n_scope
     best, best_cost = base_action, bar
     n = 1
     for cand in cands:
-        c = _evaluate(sim, cand, pending, params, seed, False, h1)[0]
+        c = _evaluate(sim, cand, pending, params, seed, False, h1, tau)[0]
         n += 1
         if c < best_cost:
             best, best_cost = cand, c
     if best is base_action or not two_stage:
         return best, n, best is not base_action
-    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h)
-    c = _evaluate(sim, best, pending, params, seed, False, h)[0]
+    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h, tau)
+    c = _evaluate(sim, best, pending, params, seed, False, h, tau)[0]
     n += 2
     if c < base_cost - _margin(params, h) * n_scope:
         return best, n, True
@@ -409,14 +384,14 @@ class LookaheadRouter:
         self.num_instances = num_instances
         self.seed = seed
         self.profile = profile
-        self.sim: Any = None
+        self.sim: ClusterSim | None = None
         self.num_plans = 0
         self.num_rollouts = 0
         self.num_replaced = 0  # decisions where a candidate replaced the base policy's own action
         self._idle_sig: tuple | None = None
         self._idle_s = -math.inf
 
-    def bind_simulator(self, sim: Any) -> None:
+    def bind_simulator(self, sim: ClusterSim) -> None:
         """The simulator calls this before a run: the planner forks it at each decision."""
         self.sim = sim
         self._idle_sig = None

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import replace
-from typing import Callable, Sequence
-
+from enum import IntEnum
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken,
                     MetricsSample, Request, RequestRecord, StepsAdvanced, chain_sessions)
@@ -32,8 +32,34 @@ from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
 from .instance import SimInstance, SimRequest
 
-_WAKE, _ARRIVAL, _TIMER, _SAMPLE = 0, 1, 2, 3
+
+class SimEvent(IntEnum):
+    """Kinds of the event queue, in their order at equal times."""
+
+    WAKE = 0
+    """An instance's segment in progress ends (completions, first tokens)."""
+    ARRIVAL = 1
+    """A session's next turn reaches the router (first turns come from the request list)."""
+    TIMER = 2
+    """The dispatcher's Δt re-offer of the queue while requests wait after the router deferred."""
+    SAMPLE = 3
+    """A timeline sample."""
+
+
+# the event loop compares plain ints (the same values as ``SimEvent``)
+_WAKE, _ARRIVAL, _TIMER, _SAMPLE = (int(k) for k in SimEvent)
 _INF = float("inf")
+
+
+class PendingWork(NamedTuple):
+    """One request in the system and how far it got (``ClusterSim.pending_work``)."""
+
+    instance: int | None
+    """The instance serving it; None while it waits at the router."""
+    request: Request
+    computed_tokens: int
+    """Tokens whose KV is computed (prompt and generated; 0 again after a preemption by recompute)."""
+    generated_tokens: int
 
 
 class _Hold:
@@ -170,10 +196,39 @@ class ClusterSim:
     def clone(self) -> "ClusterSim":
         """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,
         dispatcher queue, cluster state and counters are copied; profile and requests are shared."""
-        from .fork import fork
+        from .fork import fork  # fork imports this module
         return fork(self)
 
+    @property
+    def num_instances(self) -> int:
+        return len(self.instances)
+
+    def pending_work(self) -> list[PendingWork]:
+        """Every request in the system now: those on an instance (running, waiting there) in instance order,
+        then those at the router, oldest first."""
+        rows = []
+        for inst in self.instances:
+            i, clock = inst.index, inst.clock
+            for r in inst.reqs.values():
+                if r.decoding:  # its counts follow the instance's step clock
+                    rows.append(PendingWork(i, r.request, r.key + clock, r.g0 + clock - r.c0))
+                else:
+                    rows.append(PendingWork(i, r.request, r.num_computed, r.generated))
+        rows.extend(PendingWork(None, r, 0, 0) for r in self.dispatcher.queue)
+        return rows
+
     # ------------------------------------------------------------------ routing
+    def set_router(self, router: Router, label: str | None = None) -> None:
+        """Route with ``router`` from now on (the queue and the cluster state are kept); a router with
+        ``bind_simulator`` is bound to this simulator. ``label``: the ``router`` column of the records still to
+        come (default: unchanged)."""
+        self.dispatcher.set_router(router)
+        bind = getattr(router, "bind_simulator", None)
+        if bind is not None:
+            bind(self)
+        if label is not None:
+            self.router_name = label
+
     def dispatch(self, queue_index: int, instance: int) -> None:
         """Route ``queue[queue_index]`` to ``instance`` now (step-wise driving)."""
         self._send(self.dispatcher.dispatch(queue_index, instance, self.now_s), instance)
@@ -183,14 +238,33 @@ class ClusterSim:
         self._observe(self.instances[i].add(req, self.now_s))
         self._reschedule(i)
 
+    def send(self, dispatches: Iterable[tuple[Request, int]]) -> None:
+        """Carry out ``(request, instance)`` dispatches the dispatcher already took off the queue
+        (``Dispatcher.decide`` or ``Dispatcher.dispatch``), then arm the Δt timer while requests still wait:
+        the end of a decision epoch decided outside the event loop."""
+        for req, i in dispatches:
+            self._send(req, i)
+        if len(self.dispatcher):
+            self.arm_timer()
+
+    def arm_timer(self) -> bool:
+        """Schedule the dispatcher's next offer of the queue (``SimEvent.TIMER``) one ``Δt`` (the profile's
+        ``min_step_s``) from now, unless one is pending; returns whether it was scheduled."""
+        if self._timer_pending:
+            return False
+        self._timer_pending = True
+        self._push(self.now_s + self.profile.min_step_s, _TIMER, None)
+        return True
+
+    @property
+    def timer_pending(self) -> bool:
+        """Whether a ``SimEvent.TIMER`` is scheduled and not yet processed."""
+        return self._timer_pending
+
     def _epoch(self) -> None:
         if not self._auto or not len(self.dispatcher):
             return
-        for req, i in self.dispatcher.decide(self.now_s):
-            self._send(req, i)
-        if len(self.dispatcher) and not self._timer_pending:
-            self._timer_pending = True
-            self._push(self.now_s + self.profile.min_step_s, _TIMER, None)
+        self.send(self.dispatcher.decide(self.now_s))
 
     # ------------------------------------------------------------------ event loop
     def _step_event(self) -> None:
@@ -236,6 +310,27 @@ class ClusterSim:
 
     def _has_events(self) -> bool:
         return self._next_arrival < len(self.requests) or bool(self._heap)
+
+    def next_event_s(self) -> float:
+        """Time of the next event (an arrival or a queued event; inf when none is left)."""
+        th = self._heap[0][0] if self._heap else _INF
+        return min(self.next_arrival_s, th)
+
+    def run_until(self, until_s: float) -> None:
+        """Process every event up to ``until_s`` with the dispatcher's router deciding at every epoch (as
+        ``run`` does), or until every request is done; ``now_s`` is then the time of the last event processed
+        (no later than ``until_s``). A rollout from a ``clone``: set its router, ``run_until`` the horizon."""
+        self._auto = True
+        reqs, heap, step = self.requests, self._heap, self._step_event
+        while self.num_completed < self.num_requests:
+            na = self._next_arrival
+            if na >= len(reqs) and not heap:
+                break  # no event left
+            ta = reqs[na].arrival_s if na < len(reqs) else _INF
+            th = heap[0][0] if heap else _INF
+            if ta > until_s and th > until_s:
+                break
+            step()
 
     def advance(self, until_s: float) -> None:
         """Process every event up to ``until_s`` (step-wise mode: no automatic routing)."""

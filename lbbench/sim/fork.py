@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core import ClusterState
+from ..core import ClusterState, _Entry, _Instance
 from ..dispatch import Dispatcher
 from .instance import SimInstance, SimRequest
+
+if TYPE_CHECKING:
+    from .cluster import ClusterSim
 
 _REQ_SLOTS = SimRequest.__slots__
 _LIST_SLOTS = ("ranges", "held", "extra_times")
@@ -84,8 +87,6 @@ def fork_instance(inst: SimInstance) -> SimInstance:
 
 def fork_state(state: ClusterState) -> ClusterState:
     """An independent copy of the client-side cluster state (entries included)."""
-    from ..core import _Entry, _Instance
-
     new = ClusterState.__new__(ClusterState)
     new.__dict__.update({k: _plain(v) for k, v in state.__dict__.items()})
     insts = []
@@ -105,11 +106,12 @@ def fork_state(state: ClusterState) -> ClusterState:
     return new
 
 
-def fork(sim: Any) -> Any:
+def fork(sim: "ClusterSim") -> "ClusterSim":
     """An independent copy of a ``ClusterSim`` at its current time: run either one on, the other is unchanged.
 
-    The fork keeps the original's router in its dispatcher (a planner swaps in its own) and reports no
-    progress. Forks and their original must not run concurrently in threads (they share the request list).
+    The fork keeps the original's router in its dispatcher (a planner swaps in its own, ``set_router``), not
+    its epoch guard, and reports no progress. Forks and their original must not run concurrently in threads
+    (they share the request list).
     """
     cls = type(sim)
     new = cls.__new__(cls)
@@ -121,6 +123,7 @@ def fork(sim: Any) -> Any:
     disp = Dispatcher.__new__(Dispatcher)
     disp.__dict__.update({k: _plain(v) for k, v in sim.dispatcher.__dict__.items()})
     disp.state = state
+    disp.guard = None  # an epoch guard reads the original's state
     d["dispatcher"] = disp
     d["_progress"] = None
     new.__dict__.update(d)

@@ -28,14 +28,17 @@ score the teacher like any router).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from lbbench.core import ClusterView, Decision, Request
+from lbbench.routers.late_binding import KvGate, clamp_output
+from lbbench.routers.lookahead import plan_action
+from lbbench.sim.cluster import ClusterSim
 
 TEACHERS = ("none", "kv_gate", "lookahead")
 GUIDANCES = ("mixing", "kv_gate", "lookahead")
 
-Teacher = Callable[[Any], int]
+Teacher = Callable[[ClusterSim], int]
 
 
 def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
@@ -44,8 +47,6 @@ def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
     """The ``kv_gate`` teacher's action for the head of ``queue`` (``view`` with
     detail): true output lengths, or with ``oracle=False`` the predicted ones
     (``Request.expected_output_tokens``: the same gate on the deployable signal)."""
-    from lbbench.routers.late_binding import _Gate, clamp_output
-
     m = view.num_instances
     if not queue:
         return m
@@ -60,7 +61,7 @@ def kv_gate_action(queue: Sequence[Request], view: ClusterView, now_s: float, *,
                                    or iv.prompt_tokens_pending >= max_num_batched_tokens):
             continue
         cap = float(iv.spec.kv_capacity_tokens)
-        gate = _Gate(iv, cap, cap * (1.0 + kv_slack), length, overrun_tokens)
+        gate = KvGate(iv, cap, cap * (1.0 + kv_slack), length, overrun_tokens)
         d = clamp_output(length(head), head.prompt_tokens, cap)
         room = math.inf if gate.idle else gate.max_prompt_tokens(d) - head.prompt_tokens
         if room >= 0 and room > best_room:
@@ -82,20 +83,16 @@ def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
     if name == "kv_gate":
         budget = int(profile.max_num_batched_tokens)
 
-        def kv_gate(sim) -> int:
+        def kv_gate(sim: ClusterSim) -> int:
             return kv_gate_action(sim.queue, sim.state.view(detail=True), sim.now_s,
                                   max_num_batched_tokens=budget, max_defer_s=max_defer_s)
         return kv_gate
     if name == "lookahead":
-        try:
-            from lbbench.routers.lookahead import plan_action
-        except ImportError as exc:
-            raise ValueError(f"teacher: lookahead needs the planner (lbbench.routers.lookahead): {exc}") from None
         kw = {} if horizon_s is None else {"horizon_s": horizon_s}
 
-        def lookahead(sim) -> int:
+        def lookahead(sim: ClusterSim) -> int:
             d = plan_action(sim, reorder=False, **kw)
-            return sim.state.num_instances if d is None else int(d.instance)
+            return sim.num_instances if d is None else int(d.instance)
         return lookahead
     raise ValueError(f"teacher: {name!r} is not one of {', '.join(TEACHERS)}")
 

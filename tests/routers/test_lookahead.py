@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lbbench.dispatch import Dispatcher
 from lbbench.routers import get_router
 from lbbench.routers.lookahead import LookaheadRouter, PlannerError, plan_action
 from lbbench.sim.cluster import ClusterSim
+from lbbench.training.teachers import make_teacher
 from tests.factories import req, tiny_profile
 
 workloads = st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=8)
@@ -40,18 +40,12 @@ def test_a_fork_run_to_completion_gives_the_original_records(rows, cut, router):
     reqs = _requests(rows)
     sim = ClusterSim(profile, 2, reqs, check_invariants=True)
     r = get_router(router, num_instances=2, profile=profile)
-    sim.dispatcher = Dispatcher(r, sim.state)
-    sim._auto = True
-    for _ in range(cut):
-        if sim.done or not sim._has_events():
-            break
-        sim._step_event()
+    sim.set_router(r)
+    sim.run_until(cut * 0.01)
     fork = sim.clone()
-    fork.dispatcher.router = copy.deepcopy(r)
-    fork.dispatcher._on_event = getattr(fork.dispatcher.router, "on_event", None)
+    fork.set_router(copy.deepcopy(r))
     for s in (fork, sim):  # the fork first: running it must leave the original untouched
-        while not s.done and s._has_events():
-            s._step_event()
+        s.run_until(math.inf)
     assert sorted(map(_key, fork.records)) == sorted(map(_key, sim.records))
     assert len(sim.records) == len(reqs)
 
@@ -124,6 +118,17 @@ def test_plan_action_is_pure_and_matches_the_router():
     assert plan_action(sim, horizon_s=math.inf, base="jsq") == a
 
 
+def test_the_lookahead_teacher_is_the_planners_head_of_line_action():
+    profile = tiny_profile(num_kv_blocks=24)
+    reqs = [req(i, 0.01 * i, 10 + 3 * i, 30 - 2 * i) for i in range(6)]
+    sim = ClusterSim(profile, 2, reqs)
+    sim.advance(0.05)
+    teacher = make_teacher("lookahead", profile, horizon_s=0.5)
+    d = plan_action(sim, reorder=False, horizon_s=0.5)
+    assert teacher(sim) == (2 if d is None else d.instance)
+    assert d is None or d.queue_index == 0
+
+
 def test_unbound_planner_and_bad_options_name_the_problem():
     profile = tiny_profile()
     r = LookaheadRouter(num_instances=2, profile=profile)
@@ -142,7 +147,7 @@ def test_unbound_planner_and_bad_options_name_the_problem():
 def test_the_gate_rollout_skips_only_deferrals_the_gate_would_make(rows, refresh_s):
     """A rollout's epochs for a late_binding_srpt base skip the router while it would defer: the records are
     the plain dispatcher's, and the router is asked less often."""
-    from lbbench.routers.lookahead import _gate_idle_decide
+    from lbbench.routers.lookahead import GateIdleGuard
     profile = tiny_profile(num_kv_blocks=24)
     reqs = _requests(rows)
     runs = []
@@ -153,12 +158,10 @@ def test_the_gate_rollout_skips_only_deferrals_the_gate_would_make(rows, refresh
         calls = []
         route = gate.route
         gate.route = lambda q, v, t: calls.append(t) or route(q, v, t)
-        sim.dispatcher = Dispatcher(gate, sim.state)
-        sim._auto = True
+        sim.set_router(gate)
         if skip:
-            sim.dispatcher.decide = _gate_idle_decide(sim, gate)
-        while not sim.done and sim._has_events():
-            sim._step_event()
+            sim.dispatcher.guard = GateIdleGuard(sim, gate)
+        sim.run_until(math.inf)
         runs.append((sorted(map(_key, sim.records)), len(calls)))
     assert runs[1][0] == runs[0][0]
     assert len(runs[1][0]) == len(reqs)
