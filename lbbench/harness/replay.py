@@ -63,7 +63,7 @@ from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, R
 from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
-from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc, warm_connections
+from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.metrics import parse_metrics
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
@@ -228,10 +228,12 @@ class _Replay:
         self.partial = partial
         wall0 = time.perf_counter()
         try:
+            # the streams go through the one sender; health probes and /metrics scrapes through a plain session
             async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
                                    request_timeout_s=self.request_timeout_s,
-                                   priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend:
-                self.backend = backend
+                                   priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend, \
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
+                self.backend, self.session = backend, session
                 await self._warm_pool()
                 if self.stream_workers:
                     self.workers = self._start_workers()
@@ -313,7 +315,7 @@ class _Replay:
     async def _warm_pool(self) -> None:
         """Open ``warm_connections`` keep-alive connections per endpoint before
         the clock starts, so the first burst does not pay for TCP connects."""
-        await warm_connections(self.backend.session, self.endpoints, min(self.warm_connections, len(self.requests)))
+        await self.backend.warm(self.endpoints, min(self.warm_connections, len(self.requests)))
 
     def _crash(self, exc: BaseException) -> None:
         """Stop the run and make ``run`` raise ``exc`` (after keeping what finished)."""
@@ -454,7 +456,7 @@ class _Replay:
 
     # -- health, stalls, metrics ---------------------------------------------------------
     async def _probe(self, inst: int) -> bool:
-        return await probe_health(self.backend.session, self.endpoints[inst])
+        return await probe_health(self.session, self.endpoints[inst])
 
     async def _watch(self) -> None:
         """Bring instances back when ``/health`` answers; fail requests that can
@@ -501,7 +503,7 @@ class _Replay:
     async def _fetch_metrics(self, inst: int) -> str | None:
         try:
             timeout = aiohttp.ClientTimeout(total=max(1.0, self.scrape_interval_s))
-            async with self.backend.session.get(self.endpoints[inst] + "/metrics", timeout=timeout) as resp:
+            async with self.session.get(self.endpoints[inst] + "/metrics", timeout=timeout) as resp:
                 return await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None

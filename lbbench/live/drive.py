@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import math
 import time
 from typing import Awaitable, Callable, Iterable, Iterator, Sequence
 
@@ -28,6 +27,7 @@ import aiohttp
 
 from ..core import ClusterState, FirstToken, InstanceHealth, InstanceSpec, Request, TokensGenerated
 from ..dispatch import Dispatcher, Router
+from .http import throttled
 
 DispatchFn = Callable[[Request, int, float], None]
 
@@ -72,19 +72,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-
-async def warm_connections(session: aiohttp.ClientSession, endpoints: Sequence[str], per_endpoint: int) -> None:
-    """Open ``per_endpoint`` keep-alive connections to each endpoint (``GET /health``) before a run's clock
-    starts, so its first burst does not pay for TCP connects."""
-    async def one(url: str) -> None:
-        try:
-            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
-    await asyncio.gather(*(one(u) for u in endpoints for _ in range(per_endpoint)))
 
 
 class Drive:
@@ -163,17 +150,9 @@ class Drive:
     def token_observer(self, request_id: int, inst: int) -> Callable[[int, float], None]:
         """``(tokens so far, time)`` per stream chunk -> ``FirstToken``, then ``TokensGenerated`` at most once
         per ``min_step_s`` (what the simulator's state sees per engine step)."""
-        observe, step_s = self.dispatcher.observe, self.min_step_s
-        last = [-math.inf]
-
-        def on_tokens(count: int, t: float) -> None:
-            if last[0] == -math.inf:
-                observe(FirstToken(request_id, inst, t))
-                last[0] = t
-            elif t - last[0] >= step_s:
-                observe(TokensGenerated(request_id, inst, t, count))
-                last[0] = t
-        return on_tokens
+        observe = self.dispatcher.observe
+        return throttled(self.min_step_s, lambda t: observe(FirstToken(request_id, inst, t)),
+                         lambda t, count: observe(TokensGenerated(request_id, inst, t, count)))
 
     # -- health --------------------------------------------------------------------------------
     def healthy(self, inst: int) -> bool:

@@ -18,7 +18,6 @@ the dispatch lag a record shows includes the hand-over.
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing
 import signal
 import time
@@ -26,24 +25,27 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core import Request
+from ..engines import get_engine
+from .drive import new_event_loop
+from .http import HttpBackend, TokenCallback, throttled
 
 
-def token_events(rid: str, inst: int, min_step_s: float, emit: Callable[[tuple], None]
-                 ) -> Callable[[int, float], None]:
+def token_events(rid: int, inst: int, min_step_s: float, emit: Callable[[tuple], None]) -> TokenCallback:
     """A stream's token callback that emits ``("first", ...)`` once, then ``("tokens", ...)`` at most once per
-    ``min_step_s`` (the throttling ``Drive.token_observer`` applies), for a worker that reports to its driver."""
-    last = -math.inf
+    ``min_step_s`` (``lbbench.live.http.throttled``, as ``Drive.token_observer``), for a worker that reports to
+    its driver."""
+    return throttled(min_step_s, lambda t: emit(("first", rid, inst, t)),
+                     lambda t, count: emit(("tokens", rid, inst, t, count)))
 
-    def on_tokens(count: int, t: float) -> None:
-        nonlocal last
-        if last == -math.inf:
-            emit(("first", rid, inst, t))
-            last = t
-        elif t - last >= min_step_s:
-            emit(("tokens", rid, inst, t, count))
-            last = t
 
-    return on_tokens
+async def send_and_report(backend: HttpBackend, url: str, req: Request, inst: int, raw: bytes, min_step_s: float,
+                          emit: Callable[[tuple], None]) -> None:
+    """Send one request (``raw``: its bytes from ``backend.prepare``) and report it as a worker does: token
+    events while it streams, then ``("done", request_id, instance, StreamResult)``. Stream workers and load
+    workers both send through this."""
+    rid = req.request_id
+    res = await backend.send(url, req, token_events(rid, inst, min_step_s, emit), raw)
+    emit(("done", rid, inst, res))
 
 
 @dataclass(frozen=True)
@@ -71,17 +73,13 @@ class _Worker:
         return time.monotonic() - self.t0
 
     async def run(self) -> None:
-        from ..engines import get_engine
-        from .drive import warm_connections
-        from .http import HttpBackend
-
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
         async with HttpBackend(model=self.s.model, clock=self.now, api=self.s.api, engine=get_engine(self.s.engine),
                                request_timeout_s=self.s.request_timeout_s,
                                priority_of=lambda r: self.prios.get(r.request_id)) as backend:
             self.backend = backend
-            await warm_connections(backend.session, self.s.endpoints, self.s.warm_connections)
+            await backend.warm(self.s.endpoints, self.s.warm_connections)
             self.conn.send([("ready",)])
             self.loop.add_reader(self.conn.fileno(), self._readable)
             await self.stopped.wait()
@@ -126,18 +124,16 @@ class _Worker:
             self.stopped.set()
 
     async def _one(self, req: Request, inst: int) -> None:
-        rid, emit = req.request_id, self._emit
-        on_tokens = token_events(rid, inst, self.s.min_step_s, emit)
-        res = await self.backend.send(self.s.endpoints[inst], req, on_tokens)
+        rid, url = req.request_id, self.s.endpoints[inst]
+        raw = self.backend.prepare(url, req)
         self.prios.pop(rid, None)
         self.backend.prompt_texts.pop(rid, None)
-        emit(("done", rid, inst, res))
+        await send_and_report(self.backend, url, req, inst, raw, self.s.min_step_s, self._emit)
 
 
 def worker_main(conn: Any, settings: WorkerSettings) -> None:
     """A stream worker's process: serve jobs from ``conn`` until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the dispatcher decides when a run stops
-    from .drive import new_event_loop
     loop = new_event_loop()
     try:
         loop.run_until_complete(_Worker(conn, settings).run())

@@ -6,7 +6,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbbench.live.http import _count_tokens, event_tokens
+from lbbench.live.sse import choice_tokens, event_tokens
 
 
 def test_token_ids_and_text_chunks():
@@ -29,4 +29,4 @@ def test_bytes_count_equals_the_decoded_count(ids, text, spaced):
     choice = {"index": 0, "text": text, "token_ids": ids}
     sep = (", ", ": ") if spaced else (",", ":")
     raw = json.dumps({"choices": [choice]}, separators=sep).encode()
-    assert event_tokens(raw) == _count_tokens(choice)
+    assert event_tokens(raw) == choice_tokens(choice)
