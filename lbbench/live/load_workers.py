@@ -27,6 +27,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import multiprocessing
 import os
 import pickle
 import signal
@@ -37,9 +38,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core import Request
-from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
-from ..distributed.executors import UnitError
-from ..distributed.ray_cluster import node_address
 from .clock import ClockOffset, measure_offset
 from .http import HttpBackend
 from .workers import WorkerSettings, send_and_report
@@ -306,11 +304,15 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         sock.close()
 
 
-class LoadWorkerActor:
-    """A load worker in an actor pool (``lbbench.distributed``): ``run`` serves one replay (``worker_main``)."""
+def _ray_actor_class():
+    import ray
 
-    def run(self, worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
-        worker_main(worker, address, settings)
+    @ray.remote(num_cpus=1)
+    class LoadWorkerActor:
+        def run(self, worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
+            worker_main(worker, address, settings)
+
+    return LoadWorkerActor
 
 
 # -- the driver's side -----------------------------------------------------------------------------------------
@@ -319,8 +321,9 @@ class LoadWorkers:
 
     def __init__(self, n: int, settings: LoadWorkerSettings, ray: bool = False, start_timeout_s: float = 120.0):
         self.n = n
-        self.pool: ActorPool | None = None
-        self.calls: list[Call] = []
+        self.procs: list[Any] = []
+        self.actors: list[Any] = []
+        self.refs: list[Any] = []
         self.socks: list[socket.socket] = []
         self.info: list[WorkerInfo] = []
         self.load = [0] * n
@@ -337,7 +340,8 @@ class LoadWorkers:
         try:
             host = "127.0.0.1"
             if ray:
-                host = node_address()
+                import ray as ray_mod
+                host = ray_mod.util.get_node_ip_address()
             address = (host, listener.getsockname()[1])
             self._start(n, address, settings, ray)
             by_id: dict[int, socket.socket] = {}
@@ -379,21 +383,29 @@ class LoadWorkers:
             listener.close()
 
     def _start(self, n: int, address: tuple[str, int], settings: LoadWorkerSettings, ray: bool) -> None:
-        # spawned processes (a forked child would inherit the parent's event loop) named lbbench-load-{i}, or
-        # Ray actors on the cluster the caller connected to
-        self.pool = (RayActors(LoadWorkerActor, (), n) if ray else
-                     ProcessActors(LoadWorkerActor, (), n, name="lbbench-load"))
-        self.calls = [self.pool.start(i, "run", i, address, settings) for i in range(n)]
+        if ray:
+            actor = _ray_actor_class()
+            self.actors = [actor.options(name=None).remote() for _ in range(n)]
+            self.refs = [a.run.remote(i, address, settings) for i, a in enumerate(self.actors)]
+            return
+        ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's event loop
+        for i in range(n):
+            proc = ctx.Process(target=worker_main, args=(i, address, settings), name=f"lbbench-load-{i}",
+                               daemon=True)
+            proc.start()
+            self.procs.append(proc)
 
     def _check_started(self) -> None:
         """Raise when a worker ended before it connected."""
-        for i, call in enumerate(self.calls):
-            if call.done():
-                try:
-                    call.result()  # raises the worker's error
-                except UnitError as exc:  # its process died
-                    raise RuntimeError(f"load worker {i} exited while starting ({exc.problem})") from None
-                raise RuntimeError(f"load worker {i} ended while starting")
+        for i, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                raise RuntimeError(f"load worker {i} exited while starting (exit code {proc.exitcode})")
+        if self.refs:
+            import ray
+            done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+            for ref in done:
+                ray.get(ref)  # raises the actor's error
+                raise RuntimeError(f"load worker {self.refs.index(ref)} ended while starting")
 
     def start(self, loop: asyncio.AbstractEventLoop, t0: float, on_item: Callable[[tuple], None],
               on_lost: Callable[[int, list[int]], None]) -> None:
@@ -471,8 +483,15 @@ class LoadWorkers:
                 send_msg(sock, [("stop",)])
             except (OSError, ValueError):
                 pass
-        if self.pool is not None:
-            self.pool.close()  # processes get 5 s to return from the stop, then are terminated
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        if self.actors:
+            import ray
+            for a in self.actors:
+                ray.kill(a)
         for sock in self.socks:
             sock.close()
 
