@@ -6,16 +6,22 @@ The stable API other modules use:
   ``RayExecutor``) whose ``submit(units, fn)`` yields ``(index, result)`` as units finish;
 - ``connect(address)`` / ``shutdown()``: join (or start) a Ray cluster for ``--ray``; ``require_ray()`` for
   code that needs the ``ray`` module itself;
-- ``UnitError``: units whose worker died twice.
+- ``get_actor_pool(factory, args, workers, ray_address)`` -> an ``ActorPool`` (``InProcessActors``,
+  ``ProcessActors``, ``RayActors``) of workers that keep state: ``submit(units, method, *shared)``,
+  ``call(worker, method, *args)``, ``start(worker, method, *args) -> Call``;
+- ``UnitError``: units (or calls) whose worker died twice.
 
 Ray is optional (``pip install 'lbbench[ray]'``) and imported only when ``--ray`` is used.
 """
 
+from .actors import ActorPool, Call, InProcessActors, ProcessActors, RayActors, WorkerDied, get_actor_pool
 from .executors import (Executor, ProcessExecutor, RayExecutor, SerialExecutor, UnitError, auto_batch_size,
                         batches, get_executor, run_batch, unit_name)
-from .ray_cluster import EXTRA_HINT, cluster_cpus, connect, require_ray, shutdown
+from .ray_cluster import EXTRA_HINT, cluster_cpus, connect, node_address, require_ray, shutdown
 
 __all__ = [
+    "ActorPool", "Call", "InProcessActors", "ProcessActors", "RayActors", "WorkerDied", "get_actor_pool",
+    "node_address",
     "EXTRA_HINT", "Executor", "ProcessExecutor", "RayExecutor", "SerialExecutor", "UnitError", "auto_batch_size",
     "batches", "cluster_cpus", "connect", "get_executor", "require_ray", "run_batch", "shutdown", "unit_name",
 ]

@@ -37,8 +37,9 @@ def require_ray() -> ModuleType:
     return ray
 
 
-def connect(address: str | None = "auto", **init_kwargs: Any) -> None:
-    """Connect this process to a Ray cluster (see the module docstring for ``address``).
+def connect(address: str | None = "auto", **init_kwargs: Any) -> bool:
+    """Connect this process to a Ray cluster (see the module docstring for ``address``); True when this call
+    initialised Ray, False when it already was.
 
     ``init_kwargs`` go to ``ray.init`` (tests pass ``num_cpus``); they apply only when a local instance is
     started. Raises ``InputError`` (field ``ray``) when the extra is missing or the named cluster cannot be
@@ -47,7 +48,7 @@ def connect(address: str | None = "auto", **init_kwargs: Any) -> None:
     global _initialised_here
     ray = require_ray()
     if ray.is_initialized():
-        return
+        return False
     env = os.environ.get("RAY_ADDRESS") or None
     explicit = address not in (None, "auto")
     named = address if explicit else env
@@ -67,6 +68,7 @@ def connect(address: str | None = "auto", **init_kwargs: Any) -> None:
     except (RuntimeError, ValueError) as exc:
         raise InputError(_unreachable(address if explicit else env or "auto", exc), FIELD) from None
     _initialised_here = True
+    return True
 
 
 def _check_reachable(address: str, where: str, timeout_s: float = 5.0) -> None:
@@ -104,3 +106,9 @@ def cluster_cpus() -> int:
     """CPUs the connected cluster offers (at least 1)."""
     import ray
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def node_address() -> str:
+    """This node's IP address in the connected cluster (where its Ray workers reach this process)."""
+    import ray
+    return ray.util.get_node_ip_address()

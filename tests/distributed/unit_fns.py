@@ -36,3 +36,40 @@ def slow_square(unit: tuple[str, int]) -> int:
     Path(unit[0], f"{unit[1]}.started").touch()
     time.sleep(0.5)
     return unit[1] * unit[1]
+
+
+class Counter:
+    """A worker that keeps state: a running total and the number of calls it served since it was built."""
+
+    def __init__(self, start: int = 0):
+        self.total = start
+        self.calls = 0
+
+    def add(self, x: int) -> int:
+        self.calls += 1
+        self.total += x
+        return self.total
+
+    def served(self) -> int:
+        return self.calls
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def scaled(self, factor: int, unit: DyingUnit) -> int:
+        """``factor * unit.value ** 2``, exiting the worker's process as ``square_or_die`` does."""
+        self.calls += 1
+        return factor * square_or_die(unit)
+
+    def slow(self, unit: tuple[str, int]) -> int:
+        self.calls += 1
+        return slow_square(unit)
+
+    def fail(self) -> None:
+        raise ValueError("asked to fail")
+
+    def wait_for(self, path: str) -> str:
+        """Returns once ``path`` exists (a long call)."""
+        while not Path(path).exists():
+            time.sleep(0.02)
+        return path
