@@ -3,9 +3,9 @@
 Collects the same ``--episodes`` ε-greedy episodes (``--requests`` requests of
 paper-mix at ``--rate`` req/s on ``--instances`` simulated instances of
 ``--profile``, a random shared network with the KV features, ε = 0.1) with
-1 worker (in process) and with process pools of 2 and 4 workers (``--ray``: Ray
-actors instead, on the cluster ``lbbench.distributed.ray_cluster.connect``
-finds), and prints transitions per second of wall time, the pool's start-up
+1 worker (in process) and with process pools of 2 and 4 workers
+(``lbbench.distributed``'s actor pools; ``--ray``: Ray actors instead, on the
+cluster ``lbbench.distributed.ray_cluster.connect`` finds), and prints transitions per second of wall time, the pool's start-up
 excluded (it is paid once per training run). Every worker count returns the
 same transitions (checked).
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from lbbench.profiles import load_profile
 from lbbench.training.config import TrainConfig
-from lbbench.training.rollouts import EpisodeTask, InProcess, ProcessPool, RayActors
+from lbbench.training.rollouts import EpisodeTask, make_collector
 
 
 def random_policy(cfg: TrainConfig, profile):
@@ -53,10 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rollouts: {args.episodes} episodes of {args.requests} requests, {args.profile} x{args.instances}, "
           f"{args.rate:g} req/s, {'Ray actors' if args.ray else 'process pool'}")
     for n in (int(x) for x in args.workers.split(",")):
-        if args.ray:
-            coll = RayActors(cfg, profile, n, args.ray)
-        else:
-            coll = InProcess(cfg, profile) if n == 1 else ProcessPool(cfg, profile, n)
+        coll = make_collector(cfg, profile, n, args.ray)
         try:
             if n > 1:  # start every worker (spawn, imports) before timing
                 coll.collect(policy, [EpisodeTask(10**6 + k, 3_000_000 + k, epsilon=0.1) for k in range(n)])

@@ -1,13 +1,11 @@
 """Rollout collection for RL training: ``collect(policy, episodes) -> transitions``.
 
-One small interface with three implementations that give the same transitions
-for the same tasks:
-
-- ``InProcess``: one ``RolloutWorker`` in the learner's process;
-- ``ProcessPool``: ``N`` worker processes, each holding its own worker (an
-  environment over the simulator, the workload source and the teacher);
-- ``RayActors``: ``N`` Ray actors, each holding a worker (``--ray``; Ray is
-  imported only here, through ``lbbench.distributed.ray_cluster``).
+One small interface, ``make_collector(cfg, profile, workers, ray_address)``, over
+an actor pool of ``lbbench.distributed`` (``get_actor_pool``) whose workers each
+hold a ``RolloutWorker`` (an environment over the simulator, the workload source
+and the teacher): one in the learner's process, ``N`` local processes, or ``N``
+Ray actors (``--ray``). All give the same transitions for the same tasks; a
+worker that dies is restarted and its episode replayed once.
 
 The learner stays in the driver. Each round it sends the current network
 (numpy weights, ``QPolicy``/``SharedQPolicy``) and a list of ``EpisodeTask``;
@@ -31,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+
+from lbbench.distributed.actors import ActorPool, get_actor_pool
 
 
 @dataclass(frozen=True)
@@ -159,83 +159,28 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
-class InProcess:
-    """Collects in the learner's own process."""
+class PoolCollector:
+    """Collects on an actor pool of ``RolloutWorker``s (``lbbench.distributed.get_actor_pool``): each worker
+    builds its environment once and plays the tasks it is given; the network goes with every round (Ray puts it
+    in the object store once per round)."""
 
-    workers = 1
-
-    def __init__(self, cfg, profile):
-        self.worker = RolloutWorker(cfg, profile)
-
-    def collect(self, policy, episodes):
-        return [self.worker.run(policy, t) for t in episodes]
-
-    def close(self) -> None:
-        pass
-
-
-_WORKER: RolloutWorker | None = None
-
-
-def _init_worker(cfg, profile) -> None:
-    global _WORKER
-    _WORKER = RolloutWorker(cfg, profile)
-
-
-def _run_task(policy, task: EpisodeTask) -> Transitions:
-    assert _WORKER is not None
-    return _WORKER.run(policy, task)
-
-
-class ProcessPool:
-    """``workers`` local processes, each holding a ``RolloutWorker`` (spawned: no
-    state of the learner, torch included, is inherited)."""
-
-    def __init__(self, cfg, profile, workers: int):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        self.workers = workers
-        self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_init_worker, initargs=(cfg, profile))
+    def __init__(self, pool: ActorPool):
+        self.pool = pool
+        self.workers = pool.workers
 
     def collect(self, policy, episodes):
-        futures = [self.pool.submit(_run_task, policy, t) for t in episodes]
-        return [f.result() for f in futures]
+        out: list[Transitions] = [None] * len(episodes)  # type: ignore[list-item]
+        labels = [f"episode {t.episode}" for t in episodes]
+        for i, transitions in self.pool.submit(episodes, "run", policy, labels=labels):
+            out[i] = transitions
+        return out
 
     def close(self) -> None:
-        self.pool.shutdown(cancel_futures=True)
-
-
-class RayActors:
-    """``workers`` Ray actors, each holding a ``RolloutWorker``; the network is put
-    in the object store once per round."""
-
-    def __init__(self, cfg, profile, workers: int, address: str | None = "auto"):
-        from lbbench.distributed.ray_cluster import connect, require_ray
-
-        ray = require_ray()
-        connect(address)
-        self.ray = ray
-        self.workers = workers
-        remote = ray.remote(num_cpus=1)(RolloutWorker)
-        self.actors = [remote.remote(cfg, profile) for _ in range(workers)]
-
-    def collect(self, policy, episodes):
-        ref = self.ray.put(policy)
-        futures = [self.actors[k % self.workers].run.remote(ref, t) for k, t in enumerate(episodes)]
-        return self.ray.get(futures)
-
-    def close(self) -> None:
-        for a in self.actors:
-            self.ray.kill(a)
-        self.actors = []
+        self.pool.close()
 
 
 def make_collector(cfg, profile, workers: int, ray_address: str | None = None) -> Collector:
-    """In-process for ``workers <= 1`` without Ray; a process pool for more; Ray actors with ``ray_address``."""
-    if ray_address:
-        return RayActors(cfg, profile, max(1, workers), ray_address)
-    if workers <= 1:
-        return InProcess(cfg, profile)
-    return ProcessPool(cfg, profile, workers)
+    """In-process for ``workers <= 1`` without Ray; ``spawn`` processes for more (no state of the learner, torch
+    included, is inherited); Ray actors with ``ray_address``."""
+    pool = get_actor_pool(RolloutWorker, (cfg, profile), max(1, workers), ray_address or None)
+    return PoolCollector(pool)

@@ -17,8 +17,8 @@ from lbbench.sim.cluster import ClusterSim
 from lbbench.training.config import TrainConfig
 from lbbench.training.curve import MixingHeuristic
 from lbbench.training.episodes import episode_source
-from lbbench.training.rollouts import EpisodeTask, InProcess, ProcessPool, RayActors
-from lbbench.training.rounds import train_rounds
+from lbbench.training.rollouts import EpisodeTask, make_collector
+from lbbench.training.rounds import train
 from lbbench.training.teachers import TeacherRouter, kv_gate_action
 
 V100 = "llama2-7b-v100"
@@ -37,7 +37,7 @@ def small_cfg(**kw) -> TrainConfig:
 def test_train_writes_the_learning_curve(tmp_path):
     out = tmp_path / "ckpt"
     res = CliRunner().invoke(train_cmd, [
-        "--router", "wgrl", "--profile", V100, "--instances", "2", "--requests", "40", "--rate", "10",
+        "--recipe", "paper", "--router", "wgrl", "--profile", V100, "--instances", "2", "--requests", "40", "--rate", "10",
         "--episodes", "2", "--explore-episodes", "1", "--learning-starts", "16", "--batch-size", "32",
         "--buffer-size", "5000", "--val-seeds", "1", "--eval-every", "1", "--network", "shared",
         "--kv-features", "--teacher", "kv_gate", "--bc-episodes", "1", "--dagger-rounds", "1",
@@ -63,7 +63,8 @@ def test_train_writes_the_learning_curve(tmp_path):
 
 def test_train_flag_errors_of_the_recipe(tmp_path):
     runner = CliRunner()
-    for args, needle in ((["--bc-episodes", "2"], "--teacher"), (["--workers", "-1"], "--workers"),
+    for args, needle in ((["--recipe", "paper", "--bc-episodes", "2"], "--teacher"),
+                         (["--teacher", "none"], "--teacher"), (["--workers", "-1"], "--workers"),
                          (["--eval-every", "0"], "--eval-every"), (["--teacher", "planner"], "--teacher")):
         res = runner.invoke(train_cmd, [*args, "--out", str(tmp_path / "x"), "--quiet"])
         assert res.exit_code == 2, (args, res.output)
@@ -73,8 +74,8 @@ def test_train_flag_errors_of_the_recipe(tmp_path):
 def test_same_seed_and_workers_same_training(tmp_path):
     """Two runs with two rollout processes: identical curves and weights."""
     cfg = small_cfg(workers=2, episodes=2, dagger_rounds=0)
-    a = train_rounds(cfg, tmp_path / "a", progress=False)
-    b = train_rounds(cfg, tmp_path / "b", progress=False)
+    a = train(cfg, tmp_path / "a", progress=False)
+    b = train(cfg, tmp_path / "b", progress=False)
     assert a.drop("wall_s").equals(b.drop("wall_s"))
     assert pl.read_parquet(tmp_path / "a" / "learning_curve.parquet").equals(
         pl.read_parquet(tmp_path / "b" / "learning_curve.parquet"))
@@ -99,15 +100,15 @@ def _tasks():
 
 def _policy(tmp_path):
     cfg = small_cfg(episodes=1, dagger_rounds=0)
-    train_rounds(cfg, tmp_path / "p", progress=False)
+    train(cfg, tmp_path / "p", progress=False)
     return load_policy(tmp_path / "p")
 
 
 def test_process_pool_rollouts_equal_in_process(tmp_path):
     cfg, prof = small_cfg(), load_profile(V100)
     pol = _policy(tmp_path)
-    local = InProcess(cfg, prof).collect(pol, _tasks())
-    pool = ProcessPool(cfg, prof, 2)
+    local = make_collector(cfg, prof, 1).collect(pol, _tasks())
+    pool = make_collector(cfg, prof, 2)
     try:
         _same(local, pool.collect(pol, _tasks()))
     finally:
@@ -121,12 +122,12 @@ def test_ray_rollouts_equal_local(tmp_path):
         ray = pytest.importorskip("ray")
     cfg, prof = small_cfg(), load_profile(V100)
     pol = _policy(tmp_path)
-    local = InProcess(cfg, prof).collect(pol, _tasks())
+    local = make_collector(cfg, prof, 1).collect(pol, _tasks())
     started = not ray.is_initialized()
     if started:
         ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
     try:
-        actors = RayActors(cfg, prof, 2, "auto")
+        actors = make_collector(cfg, prof, 2, "auto")
         try:
             _same(local, actors.collect(pol, _tasks()))
         finally:
@@ -139,7 +140,7 @@ def test_ray_rollouts_equal_local(tmp_path):
 def test_behaviour_cloning_reduces_disagreement_with_the_teacher():
     cfg = small_cfg(episodes=0, dagger_rounds=0, bc_episodes=2, imitation_updates=400, val_seeds=0,
                     requests=60)
-    curve = train_rounds(cfg, None, progress=False)
+    curve = train(cfg, None, progress=False)
     bc = curve.filter(pl.col("phase") == "bc")["teacher_disagreement"].to_list()
     # the first point is the untrained network (no update yet), the last after the imitation updates
     assert bc[-1] < 0.65 * bc[0], bc
@@ -178,7 +179,7 @@ def test_gate_off_routes_with_the_network(tmp_path):
     """A checkpoint the gate marks 'heuristic' routes every decision with the heuristic;
     gate=false routes with the network, which decides differently on some state."""
     cfg = small_cfg(episodes=1, dagger_rounds=0)
-    train_rounds(cfg, tmp_path / "c", progress=False)
+    train(cfg, tmp_path / "c", progress=False)
     pol = load_policy(tmp_path / "c")
     pol.save(tmp_path / "gated", meta=dict(pol.meta, gate="heuristic"))
     prof = load_profile(V100)
@@ -227,6 +228,6 @@ def test_interrupted_training_keeps_what_it_had(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rounds, "make_collector", Interrupting)
     with pytest.raises(KeyboardInterrupt):
-        train_rounds(small_cfg(episodes=3), tmp_path, progress=False)
+        train(small_cfg(episodes=3), tmp_path, progress=False)
     assert load_policy(tmp_path).meta.get("incomplete") is True
     assert pl.read_parquet(tmp_path / "learning_curve.parquet")["episode"].max() == 3
