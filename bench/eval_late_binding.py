@@ -29,11 +29,9 @@ the script prints the git revision of ``profiles/`` it ran with.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from lbbench.distributed import get_executor
 from lbbench.experiment import RunConfig, sim_frames as _sim_frames
 from lbbench.reports.reference import BASELINE_ROUTERS, with_reference
 from lbbench.reports.summary import Slo, per_seed, summarize
@@ -109,12 +108,10 @@ def _job(args: tuple[Cell, Arm, float | None, int]) -> pl.DataFrame:
 
 def run_cell(cell: Cell, arms: list[Arm], seeds: list[int], jobs: int) -> pl.DataFrame:
     work = [(cell, a, r, s) for r in cell.rates for a in arms for s in seeds]
-    if jobs > 1:
-        # spawn, not fork: a forked child can deadlock on locks held by polars' threads
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-            frames = list(ex.map(_job, work, chunksize=1))
-    else:
-        frames = [_job(w) for w in work]
+    frames: list[pl.DataFrame] = [pl.DataFrame()] * len(work)
+    with get_executor(jobs, batch_size=1) as ex:  # spawn processes for jobs > 1, else here
+        for i, df in ex.submit(work, _job):
+            frames[i] = df
     return pl.concat(frames, how="diagonal_relaxed")
 
 

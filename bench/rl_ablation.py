@@ -41,9 +41,9 @@ import json
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from lbbench.distributed import get_executor
 from lbbench.routers.rl.policy import QPolicy
 from lbbench.training.config import TrainConfig
 
@@ -103,9 +103,14 @@ def main() -> None:
     print("| row | mean E2E (s) | vs round robin | p99 E2E (s) (rr) | router wait (s) "
           "| validation: network / heuristic (s) | training (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:  # rows in parallel, printed in order
-        for line in pool.map(run_row, plan):
-            print(line, flush=True)
+    lines: dict[int, str] = {}
+    shown = 0
+    with get_executor(args.jobs, batch_size=1) as ex:  # rows in parallel (spawn processes), printed in order
+        for i, line in ex.submit(plan, run_row):
+            lines[i] = line
+            while shown in lines:
+                print(lines.pop(shown), flush=True)
+                shown += 1
 
 
 def run_row(job: tuple) -> str:

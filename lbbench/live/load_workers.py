@@ -3,9 +3,8 @@
 The replay's driver keeps the one schedule, the router, the cluster state and the records, as AIPerf's timing
 manager and inference-perf's main process do. It decides each request a little ahead of its arrival (the
 replay's send lead) and hands ``(request, instance, planned_send_s)`` to one worker; the worker sends it when its
-own clock says ``planned_send_s`` has come, sends it and reads its stream with the run's one sender
-(``lbbench.live.http.HttpBackend``, through ``lbbench.live.workers.send_and_report``) and returns, batched once
-per loop iteration, the same items as stream workers (``lbbench.live.workers``):
+own clock says ``planned_send_s`` has come, reads the stream with the lean reader (``lbbench.live.lean_http``)
+and returns, batched once per loop iteration, the same items as stream workers (``lbbench.live.workers``):
 
 - ``("first", request_id, instance, t)`` and ``("tokens", request_id, instance, t, count)``: throttled token
   events (first token, then at most one per ``min_step_s``);
@@ -27,7 +26,6 @@ import asyncio
 import heapq
 import itertools
 import math
-import multiprocessing
 import os
 import pickle
 import signal
@@ -38,9 +36,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..core import Request
+from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
+from ..distributed.executors import UnitError
+from ..distributed.ray_cluster import node_address
 from .clock import ClockOffset, measure_offset
-from .http import HttpBackend
-from .workers import WorkerSettings, send_and_report
+from .workers import WorkerSettings, token_events
 
 _LEN = struct.Struct("!I")
 #: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
@@ -175,12 +175,13 @@ class _Worker:
 
     async def run(self) -> None:
         from ..engines import get_engine
+        from .lean_http import LeanHttpClient
 
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
-        self.client = HttpBackend(model=self.s.model, clock=self.now, api=self.s.api,
-                                  engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
-                                  priority_of=lambda r: self.prios.get(r.request_id))
+        self.client = LeanHttpClient(model=self.s.model, clock=self.now, api=self.s.api,
+                                     engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
+                                     priority_of=lambda r: self.prios.get(r.request_id))
         try:
             await self.client.warm(self.s.endpoints, self.s.warm_connections)
             send_msg(self.sock, [("ready",)])
@@ -270,7 +271,10 @@ class _Worker:
         self.out.write(batch)
 
     async def _one(self, req: Request, inst: int, raw: bytes) -> None:
-        await send_and_report(self.client, self.s.endpoints[inst], req, inst, raw, self.s.min_step_s, self._emit)
+        rid, emit = req.request_id, self._emit
+        on_tokens = token_events(rid, inst, self.s.min_step_s, emit)
+        res = await self.client.send(self.s.endpoints[inst], req, on_tokens, raw)
+        emit(("done", rid, inst, res))
 
 
 def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
@@ -304,15 +308,11 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         sock.close()
 
 
-def _ray_actor_class():
-    import ray
+class LoadWorkerActor:
+    """A load worker in an actor pool (``lbbench.distributed``): ``run`` serves one replay (``worker_main``)."""
 
-    @ray.remote(num_cpus=1)
-    class LoadWorkerActor:
-        def run(self, worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
-            worker_main(worker, address, settings)
-
-    return LoadWorkerActor
+    def run(self, worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
+        worker_main(worker, address, settings)
 
 
 # -- the driver's side -----------------------------------------------------------------------------------------
@@ -321,9 +321,8 @@ class LoadWorkers:
 
     def __init__(self, n: int, settings: LoadWorkerSettings, ray: bool = False, start_timeout_s: float = 120.0):
         self.n = n
-        self.procs: list[Any] = []
-        self.actors: list[Any] = []
-        self.refs: list[Any] = []
+        self.pool: ActorPool | None = None
+        self.calls: list[Call] = []
         self.socks: list[socket.socket] = []
         self.info: list[WorkerInfo] = []
         self.load = [0] * n
@@ -340,8 +339,7 @@ class LoadWorkers:
         try:
             host = "127.0.0.1"
             if ray:
-                import ray as ray_mod
-                host = ray_mod.util.get_node_ip_address()
+                host = node_address()
             address = (host, listener.getsockname()[1])
             self._start(n, address, settings, ray)
             by_id: dict[int, socket.socket] = {}
@@ -383,29 +381,21 @@ class LoadWorkers:
             listener.close()
 
     def _start(self, n: int, address: tuple[str, int], settings: LoadWorkerSettings, ray: bool) -> None:
-        if ray:
-            actor = _ray_actor_class()
-            self.actors = [actor.options(name=None).remote() for _ in range(n)]
-            self.refs = [a.run.remote(i, address, settings) for i, a in enumerate(self.actors)]
-            return
-        ctx = multiprocessing.get_context("spawn")  # a forked child would inherit the parent's event loop
-        for i in range(n):
-            proc = ctx.Process(target=worker_main, args=(i, address, settings), name=f"lbbench-load-{i}",
-                               daemon=True)
-            proc.start()
-            self.procs.append(proc)
+        # spawned processes (a forked child would inherit the parent's event loop) named lbbench-load-{i}, or
+        # Ray actors on the cluster the caller connected to
+        self.pool = (RayActors(LoadWorkerActor, (), n) if ray else
+                     ProcessActors(LoadWorkerActor, (), n, name="lbbench-load"))
+        self.calls = [self.pool.start(i, "run", i, address, settings) for i in range(n)]
 
     def _check_started(self) -> None:
         """Raise when a worker ended before it connected."""
-        for i, proc in enumerate(self.procs):
-            if proc.exitcode is not None:
-                raise RuntimeError(f"load worker {i} exited while starting (exit code {proc.exitcode})")
-        if self.refs:
-            import ray
-            done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
-            for ref in done:
-                ray.get(ref)  # raises the actor's error
-                raise RuntimeError(f"load worker {self.refs.index(ref)} ended while starting")
+        for i, call in enumerate(self.calls):
+            if call.done():
+                try:
+                    call.result()  # raises the worker's error
+                except UnitError as exc:  # its process died
+                    raise RuntimeError(f"load worker {i} exited while starting ({exc.problem})") from None
+                raise RuntimeError(f"load worker {i} ended while starting")
 
     def start(self, loop: asyncio.AbstractEventLoop, t0: float, on_item: Callable[[tuple], None],
               on_lost: Callable[[int, list[int]], None]) -> None:
@@ -483,15 +473,8 @@ class LoadWorkers:
                 send_msg(sock, [("stop",)])
             except (OSError, ValueError):
                 pass
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-        if self.actors:
-            import ray
-            for a in self.actors:
-                ray.kill(a)
+        if self.pool is not None:
+            self.pool.close()  # processes get 5 s to return from the stop, then are terminated
         for sock in self.socks:
             sock.close()
 
