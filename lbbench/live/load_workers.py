@@ -3,8 +3,9 @@
 The replay's driver keeps the one schedule, the router, the cluster state and the records, as AIPerf's timing
 manager and inference-perf's main process do. It decides each request a little ahead of its arrival (the
 replay's send lead) and hands ``(request, instance, planned_send_s)`` to one worker; the worker sends it when its
-own clock says ``planned_send_s`` has come, reads the stream with the lean reader (``lbbench.live.lean_http``)
-and returns, batched once per loop iteration, the same items as stream workers (``lbbench.live.workers``):
+own clock says ``planned_send_s`` has come, sends it and reads its stream with the run's one sender
+(``lbbench.live.http.HttpBackend``, through ``lbbench.live.workers.send_and_report``) and returns, batched once
+per loop iteration, the same items as stream workers (``lbbench.live.workers``):
 
 - ``("first", request_id, instance, t)`` and ``("tokens", request_id, instance, t, count)``: throttled token
   events (first token, then at most one per ``min_step_s``);
@@ -40,7 +41,8 @@ from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
 from ..distributed.executors import UnitError
 from ..distributed.ray_cluster import node_address
 from .clock import ClockOffset, measure_offset
-from .workers import WorkerSettings, token_events
+from .http import HttpBackend
+from .workers import WorkerSettings, send_and_report
 
 _LEN = struct.Struct("!I")
 #: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
@@ -175,13 +177,12 @@ class _Worker:
 
     async def run(self) -> None:
         from ..engines import get_engine
-        from .lean_http import LeanHttpClient
 
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
-        self.client = LeanHttpClient(model=self.s.model, clock=self.now, api=self.s.api,
-                                     engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
-                                     priority_of=lambda r: self.prios.get(r.request_id))
+        self.client = HttpBackend(model=self.s.model, clock=self.now, api=self.s.api,
+                                  engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
+                                  priority_of=lambda r: self.prios.get(r.request_id))
         try:
             await self.client.warm(self.s.endpoints, self.s.warm_connections)
             send_msg(self.sock, [("ready",)])
@@ -271,10 +272,7 @@ class _Worker:
         self.out.write(batch)
 
     async def _one(self, req: Request, inst: int, raw: bytes) -> None:
-        rid, emit = req.request_id, self._emit
-        on_tokens = token_events(rid, inst, self.s.min_step_s, emit)
-        res = await self.client.send(self.s.endpoints[inst], req, on_tokens, raw)
-        emit(("done", rid, inst, res))
+        await send_and_report(self.client, self.s.endpoints[inst], req, inst, raw, self.s.min_step_s, self._emit)
 
 
 def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSettings) -> None:
