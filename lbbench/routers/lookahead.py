@@ -49,6 +49,10 @@ stands without re-planning until something the base could react to changes (the 
 instance's outstanding or prefilling count; arrivals behind the head do not re-plan) or ``refresh_s``
 passes (``refresh_s=0``: re-plan at every epoch, the exact mode the property test uses).
 
+**The simulator's public face.** Forks are driven only through ``ClusterSim``'s rollout API (``clone``,
+``set_router``, ``send``, ``run_until``, ``pending_work``) and the dispatcher's ``guard``; the decode cost per
+token of the estimate is kept here, per simulator, and handed to its forks.
+
 ``plan_action(sim, ...)`` is the same decision as a pure function of a simulator at a decision epoch, for
 use as a teacher (imitation learning) outside a run.
 """

@@ -7,12 +7,18 @@ timeline samples. Decision epochs: every arrival, every completion while the
 router queue is non-empty, and every ``Δt`` (the profile's ``min_step_s``) while
 requests wait after the router deferred.
 
-Two ways to drive it:
+Three ways to drive it:
 
 - ``run(router)`` — batch: replays every request and returns the records;
 - step-wise (the Gymnasium environment): ``advance(until_s)`` processes events up
   to a time without routing (arrivals wait in ``queue``), ``dispatch(i, inst)``
-  routes ``queue[i]`` through the same dispatcher code path.
+  routes ``queue[i]`` through the same dispatcher code path;
+- rollouts (planner, teachers, counterfactuals): ``clone()`` a simulator,
+  ``set_router`` on the copy, ``send`` any dispatches decided by hand,
+  ``run_until(t_s)``, then read ``records`` and ``pending_work()``. Event kinds
+  are named by ``SimEvent``. These and the step-wise methods are the public
+  face; ``run``'s loop inlines the hot path behind them
+  (``bench/sim_golden.py`` pins its records).
 
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
