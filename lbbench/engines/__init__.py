@@ -4,51 +4,15 @@ Live runs, the proxy, fidelity and profile measurement talk to engines over the 
 spells its extensions and its Prometheus metrics its own way: the request fields that pin an output length and
 report token ids, the gauges a router reads (running and waiting requests, KV-cache usage), the preemption counter,
 the prefix-cache counters. An :class:`Engine` holds those names; each engine is a module here (``vllm``, the
-default, and ``sglang``), and another engine is one more module registered in ``ENGINES``.
+default, and ``sglang``), and another engine is one more module registered in ``ENGINES``. The record itself
+lives in ``engine.py``, below the engine modules.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-
-class UnknownEngineError(ValueError):
-    """``--engine NAME`` names no known engine."""
-
-
-@dataclass(frozen=True)
-class Engine:
-    name: str
-    #: gauges summed over label sets (one per served model / data-parallel rank)
-    running: tuple[str, ...]
-    waiting: tuple[str, ...]
-    #: KV-cache usage in 0..1 (the largest over label sets)
-    kv_usage: tuple[str, ...]
-    #: cumulative preemption counters (empty: the engine has none)
-    preemptions: tuple[str, ...] = ()
-    #: prefix-cache counters (prompt tokens looked up, and found); None: not exported
-    prefix_queries: str | None = None
-    prefix_hits: str | None = None
-    #: the gauge whose labels carry the KV cache's block count and size (``profile measure``)
-    cache_config_info: str | None = None
-    #: request fields for an exact output length of N tokens (N substituted for the value ``"N"``)
-    exact_length: dict = field(default_factory=lambda: {"max_tokens": "N", "min_tokens": "N", "ignore_eos": True})
-    #: request fields that make a streamed chunk say how many tokens it carries
-    token_count_fields: dict = field(default_factory=dict)
-    #: the per-request priority field of a priority-scheduling server (None: the engine has none)
-    priority_field: str | None = "priority"
-
-    def length_fields(self, n: int) -> dict:
-        return {k: (n if v == "N" else v) for k, v in self.exact_length.items()}
-
-    @property
-    def metric_prefixes(self) -> tuple[str, ...]:
-        """Every metric name a scrape reads (a parser looks only at lines starting with one)."""
-        return self.running + self.waiting + self.kv_usage + self.preemptions
-
-
-from .sglang import SGLANG  # noqa: E402 - the engines need Engine defined first
-from .vllm import VLLM  # noqa: E402
+from .engine import Engine, UnknownEngineError
+from .sglang import SGLANG
+from .vllm import VLLM
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG)}
 

@@ -10,7 +10,7 @@ non-empty streamed chunk, or from the usage counts).
 
 from __future__ import annotations
 
-from . import Engine
+from .engine import Engine
 
 SGLANG = Engine(
     name="sglang",

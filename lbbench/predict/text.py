@@ -83,15 +83,15 @@ class TextModelConfig(TrainedModelConfig):
 
 
 def _torch():
-    import torch
+    import torch  # lazy: optional extra (torch)
 
     return torch
 
 
 def _build_net(encoder_path: str, num_buckets: int, num_tasks: int, num_layers: int = 0):
     torch = _torch()
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModel  # lazy: optional extra (transformers)
+    from transformers.utils import logging as hf_logging  # lazy: optional extra (transformers)
 
     hf_logging.disable_progress_bar()
 
@@ -241,7 +241,7 @@ class TextPredictor:
                                      f"{raw.get('kind')!r} model, not a text model")
         config = TextModelConfig(**raw)
         torch = _torch()
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: optional extra (transformers)
 
         scheme = BucketScheme.from_dict(config.scheme)
         net = _build_net(str(d / "encoder"), scheme.num_buckets, len(config.tasks))
@@ -258,7 +258,7 @@ def untrained_predictor(scheme: BucketScheme, tasks: Sequence[str] = (), encoder
                         precision: str | None = None) -> TextPredictor:
     """A predictor with the pretrained encoder and freshly initialised heads
     (same architecture and cost as a trained one; used by the cost benchmark)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: optional extra (transformers)
 
     encoder = encoder or default_encoder()
     _torch().manual_seed(0)
@@ -287,7 +287,7 @@ def quantize_net(net: Any) -> Any:
     torch = _torch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
+        from torch.ao.quantization import quantize_dynamic  # lazy: optional extra (torch)
 
         return quantize_dynamic(net, {torch.nn.Linear}, dtype=torch.qint8)
 
@@ -301,7 +301,7 @@ def train_text_model(train: Sequence[Example], scheme: BucketScheme, cfg: TextTr
     if cfg.objective not in ("bucket+task", "task"):
         raise ValueError(f"objective must be 'bucket+task' or 'task', got {cfg.objective!r}")
     torch = _torch()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # lazy: optional extra (transformers)
 
     log = log or (lambda s: None)
     encoder = cfg.encoder or default_encoder()

@@ -1,16 +1,20 @@
-"""A self-contained HTML report: tables plus plots embedded as base64 PNGs, no external files."""
+"""A self-contained HTML report: tables plus plots embedded as base64 PNGs, no external files.
+
+``to_html`` takes the report's parts (preamble, tables, figures); ``Report.render`` gathers them, so this
+module imports neither the report nor the plots.
+"""
 
 from __future__ import annotations
 
 import base64
 import html as _html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from . import plots
 from .render import html_table
+from .tables import Table
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
+    from .plots import Plot
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em; color: #222; }
@@ -34,14 +38,15 @@ def _img(png: bytes, caption: str) -> str:
             f"<figcaption>{cap}</figcaption></figure>")
 
 
-def to_html(report: "Report", with_plots: bool = True) -> str:
-    """The whole report as one HTML document."""
+def to_html(preamble: str, tables: Sequence[Table], figures: Sequence["Plot"] = ()) -> str:
+    """The whole report as one HTML document: the preamble's ``- `` lines as a list, each table, and the
+    figures placed by section (improvement under the main table, then latency, then load)."""
     e = _html.escape
-    figs = list(plots.report_plots(report)) if with_plots else []
+    figs = list(figures)
     body = ["<h1>lbbench report</h1>", '<ul class="runs">']
-    body += [f"<li>{e(line[2:])}</li>" for line in report.preamble().splitlines()]
+    body += [f"<li>{e(line[2:])}</li>" for line in preamble.splitlines()]
     body.append("</ul>")
-    for t in report.tables:
+    for t in tables:
         body.append(html_table(t))
         if t.name == "main":
             body += [_img(f.png, f.caption) for f in figs if f.section == "improvement"]

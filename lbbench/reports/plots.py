@@ -9,7 +9,8 @@ renders headless to PNG with no browser or server, and is already an optional ex
   per router (first seed), from a ``timeline.parquet``;
 - ``improvement_bars``: improvement over the baseline per router with its 95% interval;
 - ``load_curves``: mean and p99 E2E and goodput against the arrival rate (a load sweep),
-  one line per router (and instance scheduler, ...).
+  one line per router (and instance scheduler, ...);
+- ``report_plots``: every figure of a report, from its parts (``Report.figures`` passes them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -25,9 +26,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .summary import Slo, completed_expr, derive, summarize
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .report import Report
 
 _LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
            "router_wait_s": "router wait"}
@@ -204,15 +202,19 @@ class Plot:
 MAX_TIMELINES = 6
 
 
-def report_plots(report: "Report") -> Iterator[Plot]:
-    """Every figure of a report, in page order (sections: improvement, latency, load)."""
-    lf, keys = report.runs.requests, report.keys
-    main = report.table("main")
-    if main is not None and main.df.filter(pl.col("router") != report.baseline).height:
+def report_plots(requests: pl.LazyFrame, keys: list[str], baseline: str, main: pl.DataFrame | None,
+                 slo: Slo | None, timelines: Sequence[tuple[str, str | None]]) -> Iterator[Plot]:
+    """Every figure of a report, in page order (sections: improvement, latency, load).
+
+    ``main`` is the report's main table (None: no improvement figure); ``timelines`` pairs each run's label
+    with its per-instance timeline file (None: the run has none).
+    """
+    lf = requests
+    if main is not None and main.filter(pl.col("router") != baseline).height:
         yield Plot("improvement", "improvement",
                    "Improvement over the baseline with 95% bootstrap intervals",
-                   improvement_bars(main.df, keys, report.baseline))
-    curves = load_curves(lf, keys, report.slo)
+                   improvement_bars(main, keys, baseline))
+    curves = load_curves(lf, keys, slo)
     if curves is not None:
         yield Plot("load_curves", "latency", "Mean and p99 E2E latency and goodput against the arrival rate",
                    curves)
@@ -221,12 +223,12 @@ def report_plots(report: "Report") -> Iterator[Plot]:
     yield Plot("e2e_over_time", "latency", "Mean E2E latency over arrival time",
                latency_over_time(lf, keys))
     shown = 0
-    for info in report.runs.infos:
-        if info.timeline_path is None or shown >= MAX_TIMELINES:
+    for label, timeline_path in timelines:
+        if timeline_path is None or shown >= MAX_TIMELINES:
             continue
-        png = instance_timeline(pl.scan_parquet(info.timeline_path))
+        png = instance_timeline(pl.scan_parquet(timeline_path))
         if png is not None:
-            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", info.label)
+            stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
             yield Plot(f"load_{stem}", "load",
-                       f"Run {info.label}: running requests and KV cache usage per instance", png)
+                       f"Run {label}: running requests and KV cache usage per instance", png)
             shown += 1

@@ -13,6 +13,8 @@ import json
 import math
 from typing import Any, Sequence
 
+from rich.console import Console
+from rich.table import Table as RichTable
 
 from .tables import Table
 
@@ -119,9 +121,6 @@ def to_markdown(tables: Sequence[Table], title: str | None = None, preamble: str
 
 
 def to_rich(tables: Sequence[Table], console: Any = None, preamble: str = "") -> None:
-    from rich.console import Console
-    from rich.table import Table as RichTable
-
     console = console or Console()
     if preamble:
         console.print(preamble, markup=False, highlight=False)

@@ -7,12 +7,16 @@ JSON or a self-contained HTML page (``html.py``).
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import polars as pl
+from rich.console import Console
 
+from . import render as R
+from .html import to_html
 from .load import Runs, load_runs, settings_of
 from .tables import Slo, Table, build_tables
 
@@ -58,23 +62,24 @@ class Report:
         lines += [f"- warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
-    def render(self, fmt: str, plots: bool = True) -> str:
-        from . import render as R
+    def figures(self) -> Iterator[Any]:
+        """Every figure of the report (``plots.Plot``s), in page order."""
+        from .plots import report_plots  # lazy: optional extra (matplotlib)
 
+        main = self.table("main")
+        timelines = [(info.label, info.timeline_path) for info in self.runs.infos]
+        return report_plots(self.runs.requests, self.keys, self.baseline, None if main is None else main.df,
+                            self.slo, timelines)
+
+    def render(self, fmt: str, plots: bool = True) -> str:
         if fmt == "markdown":
             return R.to_markdown(self.tables, "lbbench report", self.preamble())
         if fmt == "json":
             return R.to_json(self.tables, {"group_keys": self.keys, "baseline": self.baseline,
                                            "runs": self.run_rows(), "warnings": self.warnings})
         if fmt == "html":
-            from .html import to_html
-
-            return to_html(self, with_plots=plots)
+            return to_html(self.preamble(), self.tables, self.figures() if plots else [])
         if fmt == "table":
-            import io
-
-            from rich.console import Console
-
             buf = io.StringIO()
             R.to_rich(self.tables, Console(file=buf, width=200, force_terminal=False),
                       self.preamble())
@@ -99,12 +104,10 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
 
 def write_plots(report: Report, directory: str | Path) -> list[Path]:
     """Write every figure of the report as ``DIRECTORY/<name>.png``; returns the paths."""
-    from .plots import report_plots
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for fig in report_plots(report):
+    for fig in report.figures():
         p = out / f"{fig.name}.png"
         p.write_bytes(fig.png)
         paths.append(p)

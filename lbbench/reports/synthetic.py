@@ -7,10 +7,14 @@ Everything is seeded, so the same arguments give the same table.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import polars as pl
+
+from ..experiment.rundir import RUN_TOML, write_tables
+from .summary import summarize
 
 #: Mean E2E multiplier per router (1.0 = round robin).
 DEFAULT_SLOWDOWN = {"round_robin": 1.0, "jsq": 0.9, "random": 1.25, "min_min": 0.95}
@@ -117,11 +121,6 @@ def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None
               note: str = "synthetic run (reports test data, not a simulation)"):
     """Write a run directory (``requests.parquet``, ``summary.parquet``, ``run.toml`` and
     optionally ``timeline.parquet``) the way ``lbbench run`` lays it out."""
-    from pathlib import Path
-
-    from ..experiment.rundir import RUN_TOML, write_tables
-    from .summary import summarize
-
     out = Path(path)
     write_tables(out, requests, timeline, summarize(requests))
     first = requests.row(0, named=True)

@@ -26,6 +26,7 @@ type, and a file no format recognises is read with the mapping alone.
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -121,7 +122,6 @@ def first_record_columns(path: Path, kind: str) -> list[str]:
         if not isinstance(obj, dict):
             raise TraceError(f"{path}: row 1: expected a JSON object per line")
         return list(obj)
-    import csv
     return [c.strip() for c in next(csv.reader([line]))]
 
 

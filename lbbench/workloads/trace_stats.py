@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from .traces import TraceFrame
+from .trace_frame import TraceFrame
 
 _QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 

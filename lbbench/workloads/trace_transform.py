@@ -26,7 +26,7 @@ import math
 import polars as pl
 
 from .errors import TraceError
-from .traces import TraceFrame
+from .trace_frame import TraceFrame
 
 PROMPT_OVERFLOW_MODES = ("filter", "truncate")
 

@@ -12,8 +12,9 @@ The canonical frame (Polars) has one row per request, sorted by arrival:
 with Polars, validates every row — a missing, non-numeric, negative or
 fractional token count or arrival is an error ``FILE: row N: ...`` (N counts
 data records from 1), or with ``skip_bad_rows`` the row is dropped and
-counted — and sorts by arrival (stable). ``trace_transform`` and
-``trace_stats`` work on the result; ``trace_to_requests`` and
+counted — and sorts by arrival (stable). The frame's type lives in ``trace_frame``, below this module as
+``trace_transform`` is (neither imports this one); ``trace_transform`` and ``trace_stats`` work on the
+result; ``trace_to_requests`` and
 ``load_trace_requests`` give what ``lbbench run --trace`` replays.
 """
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +29,12 @@ import polars as pl
 
 from ..core import Request
 from .errors import TraceError
-from .trace_formats import TIME_UNITS, TraceMapping, first_record_columns, resolve_mapping, sniff_kind
+from .trace_formats import (TIME_UNITS, TraceMapping, first_record_columns, parse_mapping, resolve_mapping,
+                            sniff_kind)
+from .trace_frame import CANONICAL_SCHEMA, TraceFrame, empty_frame
+from .trace_transform import transform_trace
 
-CANONICAL_SCHEMA: dict[str, Any] = {
-    "arrival_s": pl.Float64, "prompt_tokens": pl.Int64, "output_tokens": pl.Int64,
-    "task": pl.String, "prefix_hashes": pl.List(pl.Int64), "failed": pl.Boolean,
-}
 _BLOCK_META_KEY = "lbbench.prefix_block_tokens"
-
-
-@dataclass(frozen=True)
-class TraceFrame:
-    """A canonical trace frame plus where it came from."""
-
-    frame: pl.DataFrame
-    path: str
-    format: str
-    skipped_rows: int = 0
-    block_tokens: int | None = None  # tokens per prefix-hash block, when known
-
-    def __len__(self) -> int:
-        return self.frame.height
-
-    def with_frame(self, frame: pl.DataFrame) -> "TraceFrame":
-        return replace(self, frame=frame)
-
-
-def empty_frame() -> pl.DataFrame:
-    return pl.DataFrame(schema=CANONICAL_SCHEMA)
 
 
 # --------------------------------------------------------------------------- reading
@@ -65,8 +43,6 @@ def empty_frame() -> pl.DataFrame:
 def read_trace(path: str | Path, fmt: str | None = None, mapping: TraceMapping | str | None = None,
                skip_bad_rows: bool = False) -> TraceFrame:
     """Read ``path`` (format detected unless ``fmt``) into a ``TraceFrame``."""
-    from .trace_formats import parse_mapping
-
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"{p}: no such file")
@@ -347,8 +323,6 @@ def load_trace_requests(path: str | Path, fmt: str | None = None, mapping: Trace
 
     Raises ``TraceError`` when nothing is left to replay.
     """
-    from .trace_transform import transform_trace
-
     tf = transform_trace(read_trace(path, fmt=fmt, mapping=mapping, skip_bad_rows=skip_bad_rows), **transforms)
     requests = trace_to_requests(tf)
     if not requests:

@@ -107,7 +107,7 @@ def test_load_sweep_gets_latency_and_goodput_against_load(tmp_path):
     assert res.exit_code == 0, res.output
     rep = build_report([out], slo=Slo(e2e_s=10.0))
     assert "rate_per_s" in rep.keys
-    figs = {f.name: f for f in plots.report_plots(rep)}
+    figs = {f.name: f for f in rep.figures()}
     png = figs["load_curves"].png
     assert png.startswith(PNG_MAGIC) and _non_uniform(_pixels(png))
     assert "against the arrival rate" in rep.render("html")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import Engine
+from ..engine import Engine
 
 VLLM = Engine(
     name="vllm",
