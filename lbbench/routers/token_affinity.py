@@ -1,0 +1,125 @@
+"""``token_affinity``: llm-d's optimized baseline, "sticky until saturated", as a baseline.
+
+Source: ``llm-d/llm-d-router`` (formerly ``llm-d-inference-scheduler``) at commit
+``ebab687927f5331c1b39defcb579a07951bce56c``: the ``prefix-cache-affinity-filter``
+(``pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity/``) in front of the ``token-load-scorer``
+(``pkg/epp/framework/plugins/scheduling/scorer/tokenload/``) fed by the ``inflight-load-producer``
+(``pkg/epp/framework/plugins/requestcontrol/dataproducer/inflightload/``), the profile of llm-d's
+``guides/optimized-baseline`` (llm-d blog, "sticky until saturated: token-aware routing", 2026).
+
+1. Sticky instances: those whose prefix score for the request reaches ``affinity_threshold`` (0.80). The score
+   is the share of the prompt's complete blocks the router sent there before (the router's prefix view,
+   ``PrefixTrees``); a request without prefix hashes but in a session scores 1 at the instance its previous
+   turn went to. With no sticky instance every instance stays in play.
+2. The load gate: each instance's TTFT is estimated as its in-flight tokens over its prefill throughput. If the
+   best sticky instance's estimate exceeds the best non-sticky one's by more than ``max_ttft_penalty_s`` (18 s),
+   stickiness breaks and every instance stays in play; 0 always sticks. In tokens: affinity holds until an
+   instance's backlog passes ``throughput x window`` beyond the least loaded one's.
+3. Among those in play, the token-load score ``1 - min(1, in-flight tokens / queue_threshold_tokens)``
+   (threshold 4,194,304) picks the highest: the least loaded. Ties rotate.
+
+With probability ``exploration_probability`` (0, llm-d's default) the gate is skipped. In-flight tokens are
+the uncached prompt tokens of requests sent there that have not produced a first token (llm-d's default,
+``addEstimatedOutputTokens = false``). The throughput is the instance's own prefill throughput
+(``InstanceSpec.prefill_tokens_per_s``, from its profile or measured live) unless ``peak_prefill_tokens_per_s``
+sets one figure for all, as llm-d's ``peakPrefillThroughput`` (15,928 tokens/s, calibrated for Qwen3-32B TP2 on
+H100) does.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core import ClusterView, Decision, Event, Request
+from ..errors import InputError
+from ..profiles import Profile
+from .heuristics import _Base
+from .kv_overlap import PendingPrefill
+from .prefix_tree import PrefixTrees
+from .registry import register
+
+LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity + "
+               "scorer/tokenload @ ebab687927f5331c1b39defcb579a07951bce56c")
+
+
+@register("token_affinity", "llm-d's optimized baseline, sticky until saturated: prefix affinity (>= 80 % of the "
+                            "prompt) until the sticky instance's prefill backlog trails the best other's by 18 s, "
+                            "then the fewest in-flight tokens (" + LLMD_SOURCE + ")")
+class TokenAffinity(_Base):
+    def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
+                 affinity_threshold: float = 0.80, max_ttft_penalty_s: float = 18.0,
+                 peak_prefill_tokens_per_s: float | None = None, queue_threshold_tokens: int = 4_194_304,
+                 exploration_probability: float = 0.0, lru_tokens: int | None = None, **kw: Any):
+        super().__init__(num_instances, seed, profile, **kw)
+        if not 0 <= affinity_threshold <= 1:
+            raise InputError(f"token_affinity: affinity_threshold must be in [0, 1], got {affinity_threshold}")
+        if not (math.isfinite(max_ttft_penalty_s) and max_ttft_penalty_s >= 0):
+            raise InputError(f"token_affinity: max_ttft_penalty_s must be >= 0, got {max_ttft_penalty_s}")
+        if peak_prefill_tokens_per_s is not None and not (math.isfinite(peak_prefill_tokens_per_s)
+                                                          and peak_prefill_tokens_per_s > 0):
+            raise InputError(f"token_affinity: peak_prefill_tokens_per_s must be > 0, got {peak_prefill_tokens_per_s}")
+        if int(queue_threshold_tokens) < 1:
+            raise InputError(f"token_affinity: queue_threshold_tokens must be >= 1, got {queue_threshold_tokens}")
+        if not 0 <= exploration_probability <= 1:
+            raise InputError(f"token_affinity: exploration_probability must be in [0, 1], "
+                             f"got {exploration_probability}")
+        self.affinity_threshold = float(affinity_threshold)
+        self.max_ttft_penalty_s = float(max_ttft_penalty_s)
+        self.peak_prefill_tokens_per_s = None if peak_prefill_tokens_per_s is None else float(peak_prefill_tokens_per_s)
+        self.queue_threshold_tokens = int(queue_threshold_tokens)
+        self.exploration_probability = float(exploration_probability)
+        cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
+        self.trees = PrefixTrees(num_instances, int(cap))
+        self.inflight = PendingPrefill(num_instances)
+        self.home: dict[int, int] = {}  # session -> instance of its last turn
+        self._rng = np.random.default_rng(seed)
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        self._rng = np.random.default_rng(self.seed if seed is None else seed)
+
+    def on_event(self, ev: Event) -> None:
+        self.inflight.on_event(ev)
+
+    def prefix_score(self, instance: int, request: Request) -> float:
+        """Share of the prompt's complete blocks expected cached on ``instance`` (session home: 1)."""
+        if request.prefix_hashes:
+            g = request.prefix_block_tokens or 512
+            full = request.prompt_tokens // g
+            return 0.0 if full == 0 else min(1.0, self.trees.match_tokens(instance, request) // g / full)
+        if request.session_id is not None:
+            return 1.0 if self.home.get(request.session_id) == instance else 0.0
+        return 0.0
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        r = queue[0]
+        healthy = [iv for iv in view.instances if iv.healthy]
+        if not healthy:
+            return None
+        tokens = self.inflight.tokens
+        in_play = {iv.index for iv in healthy}
+        explore = self.exploration_probability > 0 and self._rng.random() < self.exploration_probability
+        if self.affinity_threshold > 0 and not explore:
+            sticky = {iv.index for iv in healthy if self.prefix_score(iv.index, r) >= self.affinity_threshold}
+            if sticky:
+                def ttft_s(iv: Any) -> float:
+                    rate = self.peak_prefill_tokens_per_s or iv.spec.prefill_tokens_per_s
+                    return tokens[iv.index] / rate
+                best_sticky = min(ttft_s(iv) for iv in healthy if iv.index in sticky)
+                others = [ttft_s(iv) for iv in healthy if iv.index not in sticky]
+                if (not others or self.max_ttft_penalty_s == 0
+                        or best_sticky - min(others) <= self.max_ttft_penalty_s):
+                    in_play = sticky
+        q = float(self.queue_threshold_tokens)
+        inst = self._argmin(view, lambda iv: -(1.0 - min(1.0, tokens[iv.index] / q))
+                            if iv.index in in_play else math.inf)
+        assert inst is not None
+        uncached = r.prompt_tokens - self.trees.match_tokens(inst, r)
+        self.trees.insert(inst, r)
+        self.inflight.dispatched(r, inst, uncached)
+        if r.session_id is not None:
+            self.home[r.session_id] = inst
+        return Decision(0, inst)
