@@ -4,8 +4,11 @@ An event queue keyed by ``(time_s, priority, seq)`` with a per-simulator counter
 (never creation order or global counters). At equal times instance wake-ups
 (completions) come first, then arrivals, then the dispatcher's Δt timer, then
 timeline samples. Decision epochs: every arrival, every completion while the
-router queue is non-empty, and every ``Δt`` (the profile's ``min_step_s``) while
-requests wait after the router deferred.
+router queue is non-empty, and every ``Δt`` (the smallest ``min_step_s`` of the
+instances' profiles) while requests wait after the router deferred.
+
+A fleet: every instance owns its profile (``profiles=``, ``for_fleet``); a uniform
+fleet is ``ClusterSim(profile, n, requests)``.
 
 Three ways to drive it:
 
@@ -32,7 +35,7 @@ from dataclasses import replace
 from enum import IntEnum
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken,
+from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken, InstanceSpec,
                     MetricsSample, Request, RequestRecord, StepsAdvanced, chain_sessions)
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
@@ -78,28 +81,57 @@ class _Hold:
 
 
 class ClusterSim:
-    def __init__(self, profile: Profile, num_instances: int, requests: Sequence[Request], *,
+    """The simulated cluster. ``ClusterSim(profile, n, requests)``: ``n`` instances of one profile (a uniform
+    fleet). ``profiles=``: one profile per instance (a mixed fleet, e.g. ``Fleet.profiles()``; ``profile``
+    is then None or the first of them and ``num_instances`` their number), or ``ClusterSim.for_fleet``.
+
+    Each instance runs its own profile: step model, KV capacity and engine settings (chunked prefill,
+    ``max_num_seqs``, scheduler V0/V1, prefix caching), except that ``chunked_prefill=`` and
+    ``prefix_caching=`` override every instance when given. The client sees an instance's times later by its
+    own profile's ``api_overhead_s``; the dispatcher's Δt is the smallest ``min_step_s`` of the fleet.
+    ``profile`` is the first instance's profile (kept for callers of one profile), ``profiles`` every one.
+    """
+
+    def __init__(self, profile: Profile | None, num_instances: int, requests: Sequence[Request], *,
                  instance_scheduler: str = "fcfs", chunked_prefill: bool | None = None,
                  seed: int = 0, run_id: str = "", check_invariants: bool = False, skip_ahead: bool = True,
                  timeline_interval_s: float | None = None,
                  prompt_buckets: tuple[int, ...] | None = None,
                  decode_buckets: tuple[int, ...] | None = None,
-                 prefix_caching: bool | None = None):
+                 prefix_caching: bool | None = None,
+                 profiles: Sequence[Profile] | None = None):
         if num_instances < 1:
             raise ValueError("instances must be >= 1")
-        self.profile = profile
+        if profiles is None:
+            if profile is None:
+                raise ValueError("ClusterSim: give a profile or profiles=")
+            profiles = [profile] * num_instances
+        else:
+            profiles = list(profiles)
+            if len(profiles) != num_instances:
+                raise ValueError(f"ClusterSim: {len(profiles)} profiles for {num_instances} instances")
+            if profile is not None and profile != profiles[0]:
+                raise ValueError("ClusterSim: profile must be None or the first of profiles=")
+        self.profile = profiles[0]
+        self.profiles: list[Profile] = profiles
         self.seed = seed
         self.run_id = run_id
-        self.instances = [SimInstance(profile, i, instance_scheduler, chunked_prefill, check_invariants,
-                                      skip_ahead, prefix_caching) for i in range(num_instances)]
+        self.instances = [SimInstance(p, i, instance_scheduler, chunked_prefill, check_invariants,
+                                      skip_ahead, prefix_caching) for i, p in enumerate(profiles)]
         for inst in self.instances:
             inst._on_finish = self._make_finish_hook(inst)
+        #: the dispatcher's Δt: the fleet's shortest minimum step
+        self.dt_s = min(p.min_step_s for p in profiles)
         kw = {}
         if prompt_buckets is not None:
             kw["prompt_buckets"] = prompt_buckets
         if decode_buckets is not None:
             kw["decode_buckets"] = decode_buckets
-        self.state = ClusterState([profile.instance_spec()] * num_instances, **kw)
+        specs: dict[int, InstanceSpec] = {}  # one spec per distinct profile object
+        for p in profiles:
+            if id(p) not in specs:
+                specs[id(p)] = p.instance_spec()
+        self.state = ClusterState([specs[id(p)] for p in profiles], **kw)
         self.num_requests = len(requests)
         # closed-loop sessions: later turns wait for the turn before them (``_next_turn``)
         self.requests, self._next_turn = chain_sessions(requests)
@@ -135,8 +167,8 @@ class ClusterSim:
     def _record(self, inst: SimInstance, r: SimRequest, error: str | None) -> None:
         req = r.request
         gen = r.generated if error is None else 0
-        # the client sees the engine's times later by the front end's latency (0 unless measured)
-        lag = self.profile.api_overhead_s
+        # the client sees the engine's times later by its front end's latency (0 unless measured)
+        lag = inst.profile.api_overhead_s
         times = inst.token_times(r) if error is None and r.output_tokens > 1 else None
         self.records.append(RequestRecord.for_request(
             req, run_id=self.run_id, router=self.router_name, seed=self.seed, instance=inst.index,
@@ -182,6 +214,12 @@ class ClusterSim:
         if t is not None:
             self._push(t, _WAKE, (i, self._wake_version[i]))
 
+    @classmethod
+    def for_fleet(cls, fleet, requests: Sequence[Request], **kw) -> "ClusterSim":
+        """A simulator of a ``lbbench.fleet.Fleet`` (one profile per instance, ``fleet.profiles()``)."""
+        profiles = fleet.profiles()
+        return cls(None, len(profiles), requests, profiles=profiles, **kw)
+
     @property
     def next_arrival_s(self) -> float:
         """Arrival time of the next request not yet at the router (inf when none is left)."""
@@ -201,7 +239,7 @@ class ClusterSim:
 
     def clone(self) -> "ClusterSim":
         """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,
-        dispatcher queue, cluster state and counters are copied; profile and requests are shared."""
+        dispatcher queue, cluster state and counters are copied; profiles and requests are shared."""
         from .fork import fork  # fork imports this module
         return fork(self)
 
@@ -254,12 +292,12 @@ class ClusterSim:
             self.arm_timer()
 
     def arm_timer(self) -> bool:
-        """Schedule the dispatcher's next offer of the queue (``SimEvent.TIMER``) one ``Δt`` (the profile's
-        ``min_step_s``) from now, unless one is pending; returns whether it was scheduled."""
+        """Schedule the dispatcher's next offer of the queue (``SimEvent.TIMER``) one ``Δt`` (``dt_s``: the
+        fleet's smallest ``min_step_s``) from now, unless one is pending; returns whether it was scheduled."""
         if self._timer_pending:
             return False
         self._timer_pending = True
-        self._push(self.now_s + self.profile.min_step_s, _TIMER, None)
+        self._push(self.now_s + self.dt_s, _TIMER, None)
         return True
 
     @property

@@ -10,7 +10,7 @@ everything the future mutates, and nothing else:
   session turns, counters, the records and completions so far;
 - the dispatcher's queue and the client-side ``ClusterState`` (its per-request entries included).
 
-What never changes is shared, not copied: the profile, the ``Request`` objects (immutable), the workload's
+What never changes is shared, not copied: the profiles (one per instance), the ``Request`` objects (immutable), the workload's
 request list, finished records. A fork costs time proportional to the requests in the system, not to the
 episode; ``copy.deepcopy`` would copy the profile, every request and every record as well.
 
