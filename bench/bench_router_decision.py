@@ -1,0 +1,96 @@
+"""Decision cost of the routers platform teams deploy: ``kv_overlap``, ``token_affinity``, ``predicted_latency``.
+
+Builds a cluster state on ``--instances`` simulated instances of ``--profile`` (paper-mix at 20 req/s per 4
+instances, routed round robin up to ``--at-s`` seconds of virtual time), then times
+``router.route(queue, view, now_s)`` for each router, and the same call with the ``ClusterView`` snapshot
+built first (what the dispatcher does before every decision). ``predicted_latency`` is timed fitted (its
+models refit on ``--samples`` synthetic completions first), so each call predicts TTFT and TPOT for every
+instance; ``least_requests`` is the floor. Median and p99 over ``--repeats`` calls, in microseconds.
+Target: predicted_latency's median <= 200 us for 4 instances.
+Usage: python bench/bench_router_decision.py [--instances 4] [--repeats 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from lbbench.profiles import load_profile
+from lbbench.routers import get_router
+from lbbench.sim.cluster import ClusterSim
+from lbbench.workloads import paper_mix
+
+ROUTERS = ("least_requests", "kv_overlap", "token_affinity", "predicted_latency")
+
+
+def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:
+    rate = 20.0 * num_instances / 4
+    sim = ClusterSim(profile, num_instances, paper_mix(int(rate * (at_s + 5)), rate, seed), seed=seed)
+    i = 0
+    for r in sim.requests:
+        if r.arrival_s > at_s:
+            break
+        sim.advance(r.arrival_s)
+        while len(sim.queue) > 1:  # keep one request waiting: the head the router decides on
+            sim.dispatch(0, i % num_instances)
+            i += 1
+    sim.advance(at_s)
+    return sim
+
+
+def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
+    """Fit predicted_latency on synthetic samples shaped like the snapshot's features."""
+    rng = np.random.default_rng(seed)
+    head, view = sim.queue[0], sim.view()
+    base = np.array([router.features(head, iv) for iv in view.instances], dtype=float)
+    for _ in range(samples):
+        x = tuple(float(v) for v in base[rng.integers(len(base))] * rng.uniform(0.5, 1.5, base.shape[1]))
+        router.ttft_model.add(x, 0.05 + 1e-4 * x[2] + rng.exponential(0.02))
+        router.tpot_model.add(x, 0.01 + 1e-4 * x[1] + rng.exponential(0.002))
+    router.refit()
+
+
+def time_calls(fn, repeats: int) -> np.ndarray:
+    for _ in range(min(1000, repeats)):  # warm up
+        fn()
+    out = np.empty(repeats)
+    clock = time.perf_counter_ns
+    for k in range(repeats):
+        t0 = clock()
+        fn()
+        out[k] = clock() - t0
+    return out / 1000.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="llama3.1-8b-a100")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--at-s", type=float, default=30.0, help="virtual time of the snapshot")
+    ap.add_argument("--repeats", type=int, default=20000)
+    ap.add_argument("--samples", type=int, default=2000, help="predicted_latency's training window")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile)
+    sim = build_state(profile, args.instances, args.at_s, args.seed)
+    queue, now = sim.queue, sim.now_s
+    view = sim.view()
+    outstanding = sum(iv.num_outstanding for iv in view.instances)
+    print(f"decision cost, {args.profile} x{args.instances} ({outstanding} outstanding requests), "
+          f"{args.repeats} calls each:")
+    for name in ROUTERS:
+        router = get_router(name, num_instances=args.instances, seed=args.seed, profile=profile)
+        if name == "predicted_latency":
+            warm(router, sim, args.samples, args.seed)
+        route_us = time_calls(lambda: router.route(queue, view, now), args.repeats)
+        with_view_us = time_calls(lambda: router.route(queue, sim.view(), now), args.repeats)
+        for label, us in (("route", route_us), ("view + route", with_view_us)):
+            print(f"  {name:<18} {label:<13} median {np.median(us):7.1f} us   p99 {np.percentile(us, 99):7.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
