@@ -115,7 +115,7 @@ def main() -> None:
 
 def run_row(job: tuple) -> str:
     """Train one row and evaluate it; its Markdown line."""
-    from lbbench.training.trainer import train
+    from lbbench.training.rounds import train
 
     name, cfg, out, args = job
     t0 = time.perf_counter()

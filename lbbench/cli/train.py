@@ -1,19 +1,23 @@
 """``lbbench train``: train an RL router on the simulator and save its checkpoint.
 
     lbbench train --router wgrl --profile llama2-7b-v100 --instances 4 \\
-        --workload paper-mix --rate 20 --predictor noisy:0.79 --episodes 30 --out DIR
+        --workload paper-mix --rate 20 --out DIR
+    lbbench train --recipe paper --router wgrl --predictor noisy:0.79 --episodes 30 --out DIR
     lbbench train --router wgrl --profile llama3.1-8b-a100 --trace FILE [trace flags] \\
         --rate 8 --predictor metadata:DIR --episodes 30 --out DIR
 
 Every ``TrainConfig`` field is a flag (``--batch-size``, ``--lr``, ...) whose help
-is the field's docstring; the trace flags are those of ``lbbench run``. ``DIR``
+is the field's docstring; the trace flags are those of ``lbbench run``. ``--recipe``
+(shown first) picks the settings the other flags start from: ``imitation``, the
+default, is the shipped checkpoints' recipe (``config.RECIPES``); ``paper`` the
+flags' own defaults. A flag given on the command line overrides the recipe. ``DIR``
 receives ``policy.npz`` (what ``lbbench run --router wgrl --checkpoint DIR``
 loads, numpy only), ``last/policy.npz``, ``curve.parquet`` (the training curve),
 ``config.json``, ``train_time.json`` and the learning curve (``learning_curve.parquet``
 and ``learning_curve.png``: the network against its guidance heuristic and round robin on
 validation workloads every ``--eval-every`` episodes). ``--workers N`` collects rollouts in
 N processes (``--ray``: Ray actors); ``--teacher kv_gate --bc-episodes B --dagger-rounds D``
-warm-starts the network by imitation before Double-DQN fine-tuning. Training needs the ``learn`` extra
+(the imitation recipe) warm-starts the network by imitation before Double-DQN fine-tuning. Training needs the ``learn`` extra
 (torch, gymnasium); routing with the result does not.
 """
 
@@ -26,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from ..training.config import TrainConfig, field_help
+from ..training.config import RECIPES, TrainConfig, field_help
 from ..errors import InputError
 from .flags import ray_option
 
@@ -66,17 +71,34 @@ def _trace_flags(fn):
     return trace_transform_options(fn)
 
 
+def _recipe_help() -> str:
+    def flag(name: str, value) -> str:
+        opt = name.replace("_", "-")
+        if isinstance(value, bool):
+            return f"--{opt}" if value else f"--no-{opt}"
+        return f"--{opt} {value}"
+    sets = " ".join(flag(k, v) for k, v in RECIPES["imitation"].items())
+    return ("Settings the other flags start from (a flag given overrides them): imitation = the shipped "
+            f"checkpoints' recipe, a teacher, behaviour cloning, DAgger, then Double DQN ({sets}); "
+            "paper = every flag's own default (the paper's formulation, no teacher).")
+
+
 @click.command("train")
+@click.option("--recipe", type=click.Choice(list(RECIPES)), default=next(iter(RECIPES)), show_default=True,
+              help=_recipe_help())
 @_options
 @_trace_flags
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for the checkpoint, training curve and config.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @ray_option
-def train(out_dir: str, quiet: bool, ray_address: str | None = None, **kw: Any) -> None:
+def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None, **kw: Any) -> None:
     """Train an RL router (baseline_rl, wa_rl, wgrl) with Double DQN on the simulator."""
     from .trace import split_trace_options
     read, transform = split_trace_options(kw)
+    ctx = click.get_current_context()
+    kw.update({k: v for k, v in RECIPES[recipe].items()
+               if ctx.get_parameter_source(k) in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)})
     kw["chunked_prefill"] = {"on": True, "off": False, "profile": None}[kw["chunked_prefill"]]
     kw["trace"] = kw["trace"] or ""
     trace_options = {k: v for k, v in {**read, **transform}.items() if v not in (None, False)}
@@ -84,7 +106,7 @@ def train(out_dir: str, quiet: bool, ray_address: str | None = None, **kw: Any) 
     cfg = TrainConfig(**kw, trace_options=trace_options if kw["trace"] else {})
     _validate(cfg)
     try:
-        from ..training.trainer import train as run_training
+        from ..training.rounds import train as run_training
     except ModuleNotFoundError as exc:
         raise click.UsageError(f"lbbench train needs {exc.name} (install the 'learn' extra: "
                                "pip install 'lbbench[learn]')") from None
@@ -166,7 +188,8 @@ def _validate(cfg: TrainConfig) -> None:
               (cfg.workers >= 0, "--workers", "must be >= 0"),
               (cfg.eval_every >= 1, "--eval-every", "must be >= 1"),
               (cfg.teacher != "none" or not (cfg.bc_episodes or cfg.dagger_rounds), "--teacher",
-               "behaviour cloning (--bc-episodes) and DAgger (--dagger-rounds) need a teacher (kv_gate or lookahead)"),
+               "behaviour cloning (--bc-episodes) and DAgger (--dagger-rounds) need a teacher (kv_gate or "
+               "lookahead); --recipe paper trains without them"),
               (not cfg.trace or Path(cfg.trace).is_file(), "--trace", f"{cfg.trace}: no such file"),
               (workload_ok, "--workload", f"unknown workload {cfg.workload!r} (choose from "
                                           f"{', '.join(WORKLOADS)}, dataset:FILE, or give --trace FILE)")]

@@ -7,6 +7,12 @@ the paper's formulation (Jain et al., arXiv 2408.13510): decision epochs of
 guidance schedule of heuristic-guided RL, the paper's mixing estimator. Every
 deviation from it is a named field (``reward_scale``, ``n_step``,
 ``bootstrap_end``, ``permute_instances``, ``guidance_scale``, ...).
+
+``RECIPES`` names whole settings: ``imitation`` is the recipe of the shipped
+wgrl checkpoints (a teacher, behaviour cloning, DAgger, then Double DQN; see
+``lbbench/checkpoints/README.md``) and what ``lbbench train`` uses unless told
+otherwise; ``paper`` is the dataclass defaults. ``recipe(name, **overrides)``
+builds a config from one.
 """
 
 from __future__ import annotations
@@ -46,10 +52,10 @@ class TrainConfig:
     """Training episodes."""
     seed: int = 0
     """Seed for the networks, exploration and the training workloads."""
+    seed_stride: int = 1000
+    """Training workload k of a run has seed train_seed_base + seed_stride * seed + k (k counts every episode, all phases), so runs with different seeds replay different workloads as long as they have fewer episodes than this."""
     network: str = "mlp"
     """Q-network: mlp (the paper's, obs -> hidden -> hidden -> actions) | shared (deviation: one MLP scores every instance from [head, instance, mean over instances] plus one for defer; permutation-equivariant)."""
-    prior_scale: float = 0.0
-    """Deviation (residual Q): add the guidance heuristic as a fixed prior to the network's values, Q = Q_net + prior with prior 0 for the least mixing impact and -K for the worst instance (and defer); the network learns a correction to the heuristic. 0 = off."""
     hidden: int = 0
     """Hidden layer width (0: mlp 64 up to 4 instances, 128 above; shared 64)."""
     lr: float = 5e-4
@@ -109,11 +115,11 @@ class TrainConfig:
     train_seed_base: int = 1_000_000
     """Offset of the training workload seeds (kept away from evaluation seeds)."""
     eval_every: int = 5
-    """Learning curve: evaluate the greedy network (and, once, its guidance heuristic and round robin) on the validation workloads every this many episodes (learning_curve.parquet / .png)."""
+    """Learning curve: evaluate the greedy network (and, once, its guidance heuristic and round robin) on the validation workloads every this many episodes, all phases counted, and at most every half run, so a run of 4 or more episodes is evaluated at least twice (learning_curve.parquet / .png)."""
     kv_features: bool = False
     """Deviation: add predicted-KV-footprint features to the state (the head's predicted footprint; per instance its outstanding footprint, the KV held, and whether the head fits), from predicted lengths only."""
     workers: int = 0
-    """Rollout workers. 0: the in-process loop (an update every --train-every decisions). N >= 1: rounds of N episodes collected in parallel (a process pool, or Ray actors with --ray) with the current network, then the updates their decisions pay for; reproducible for a fixed seed and N."""
+    """Rollout workers: training goes in rounds of max(1, N) episodes collected with the current network, then the updates their decisions pay for (one per --train-every decisions). 0 or 1: one worker in the learner's process; N >= 2: a process pool (or Ray actors with --ray). Reproducible for a fixed seed and N."""
     teacher: str = "none"
     """Imitation warm start from a teacher (a function state -> action; it may read true lengths, the network never does): kv_gate (head-of-queue FIFO KV gate on true lengths) | lookahead (the oracle planner) | none."""
     guidance: str = "mixing"
@@ -121,7 +127,11 @@ class TrainConfig:
     bc_episodes: int = 0
     """Behaviour cloning: episodes acted by the teacher whose states and actions warm-start the network (needs --teacher)."""
     dagger_rounds: int = 0
-    """DAgger rounds after behaviour cloning: the learner acts (the teacher with probability 0.5^round), the teacher labels every visited state, the network is refitted on all labels."""
+    """DAgger rounds after behaviour cloning: the learner acts (the teacher with probability dagger_beta_decay^round), the teacher labels every visited state, the network is refitted on all labels."""
+    dagger_beta_decay: float = 0.5
+    """DAgger's mixture schedule: in round r (from 1) each action is the teacher's with probability β = dagger_beta_decay^r (Ross et al. 2011's geometric schedule)."""
+    disagreement_sample: int = 2000
+    """The training curve's teacher_disagreement: share of this many teacher-labelled states (drawn from the demonstrations each round) where the greedy network's action is not the teacher's."""
     imitation_updates: int = 2000
     """Gradient steps after the behaviour-cloning episodes and after each DAgger round."""
     margin: float = 0.5
@@ -148,6 +158,35 @@ class TrainConfig:
 
     def hidden_width(self) -> int:
         return self.hidden or (64 if self.instances <= 4 else 128)
+
+    def workload_seed(self, k: int) -> int:
+        """Seed of training workload ``k`` (every episode counts, all phases)."""
+        return self.train_seed_base + self.seed_stride * self.seed + k
+
+    def validation_seeds(self, n: int, skip: int = 0) -> list[int]:
+        """``n`` validation workload seeds just below the training seeds, after the first ``skip``
+        (the learning curve uses the first ``val_seeds``; the validation gate the next, fresh ones)."""
+        return [self.train_seed_base - 1 - k for k in range(skip, skip + n)]
+
+
+#: The shipped wgrl checkpoints' settings (``lbbench/checkpoints/wgrl/llama2-7b-v100-4x/config.json``)
+#: where they differ from the defaults: a kv_gate teacher, 4 behaviour-cloning episodes, 8 DAgger rounds
+#: on 2 workers, then 12 Double-DQN episodes of the shared network with reward centering.
+IMITATION = {"predictor": "noisy:0.79", "episodes": 12, "network": "shared", "lr": 2e-4, "reward_centering": True,
+             "epsilon_start": 0.05, "epsilon_end": 0.0, "explore_episodes": 4, "beta_d": 0.1,
+             "guidance_scale": 10.0, "max_defer_s": 120.0, "eval_every": 2, "kv_features": True, "workers": 2,
+             "teacher": "kv_gate", "bc_episodes": 4, "dagger_rounds": 8}
+
+#: Named settings, the first the default of ``lbbench train``: imitation (the recipe that learned the
+#: shipped checkpoints) and paper (the dataclass defaults, the paper's formulation: no teacher).
+RECIPES: dict[str, dict] = {"imitation": IMITATION, "paper": {}}
+
+
+def recipe(name: str, **overrides) -> TrainConfig:
+    """The config of a named recipe, with ``overrides`` on top."""
+    if name not in RECIPES:
+        raise ValueError(f"recipe: {name!r} is not one of {', '.join(RECIPES)}")
+    return TrainConfig(**{**RECIPES[name], **overrides})
 
 
 def field_help() -> dict[str, str]:

@@ -1,46 +1,26 @@
-"""Double-DQN training for the RL routers (torch; CleanRL-style, one function).
+"""The Double-DQN learner's parts (torch); the training loop is ``rounds.train``.
 
-``train(config)`` reads top to bottom: build the environment, the online and
-target Q-networks and the replay buffer; for each episode replay a fresh
-workload, act ε-greedily over the *valid* actions, store transitions, and every
-``train_every`` decisions fit the online network on a batch of ``batch_size``
-against the Double-DQN target ``R + Γ · Q_target(s', argmax_a Q_online(s', a))``
-(the argmax restricted to the next state's valid actions). ``Γ`` is the
-transition's discount from ``RewardConfig.transition_discount`` — ``γ_k`` per
-decision epoch Δt of virtual time it spans (see ``env``) — and with ``n_step >
-1`` ``R``/``Γ`` are the discounted sum and product over ``n`` transitions.
-With ``bootstrap_end`` the last routing decision of an episode is not
-terminal: its target bootstraps from the state the drain starts in. With
-``reward_centering`` each stored reward is ``r - r̄ · epochs``, ``r̄`` the mean
-reward per decision epoch over every transition collected so far (reward
-centering, Naik et al. 2024): with rewards that are mostly costs, discounting
-otherwise makes any action that lets time pass (a defer) look cheaper. ε decays linearly
-from ``epsilon_start`` to ``epsilon_end`` and is 0 from episode
-``explore_episodes`` on (the paper stops exploring after episode 20).
+The Q-networks (``QNetwork``, the paper's MLP; ``SharedQNetwork``, the
+permutation-equivariant deviation), the replay buffer (``ReplayBuffer``, with
+the instance-permutation augmentation ``permute_instances``), ``n``-step
+returns (``NStep``), the demonstrations of a teacher (``DemoBuffer``) and the
+update, ``dqn_update``: one gradient step on the Double-DQN loss, smooth L1
+between ``Q(s, a)`` and ``R + Γ · Q_target(s', argmax_a Q_online(s', a))``
+(the argmax restricted to the next state's valid actions; ``Γ`` the
+transition's discount, see ``env``), plus, with demonstrations, DQfD's
+large-margin imitation loss (``margin_loss``), the gradient clipped to norm
+``MAX_GRAD_NORM``, one Adam step.
 
-Each episode appends a row to the training curve (episode, reward, mean_e2e_s,
-loss, q_mean, ...; a Polars table written to ``curve.parquet``). The exported
-policy (``policy.npz``, numpy only, see ``policy.py``) is the greedy network,
-among those at the end of each greedy episode, with the lowest mean E2E
-(geometric mean over the workloads of each one's mean) on
-``val_seeds`` fixed validation workloads (seeds just below the training seeds,
-routed through ``ClusterSim.run`` like an evaluation); the last network when
-there was no greedy episode. ``last/policy.npz`` holds the final network.
-Validation uses the training predictor and, for a trace, windows of it at the
-validation seeds. With ``validation_gate`` (the default) the exported network
-and its guidance heuristic are then both validated on ``val_seeds`` further
-workloads (fresh ones: those that selected the network flatter it), and unless the network beats the
-heuristic by ``gate_margin_pct`` the checkpoint is marked ``gate = "heuristic"``: the router then routes with
-the heuristic (a safeguard: a network is deployed only where it validated better
-than its guidance). The policy's metadata records what it was trained on
-(``trained_on``), the mixing parameters of its fallback heuristic and the
-range of the states it was trained on (``obs_low``/``obs_high``, for the
-router's out-of-distribution guard, see ``lbbench.routers.rl.policy``). Training workloads use
-seeds ``train_seed_base + 1000 * seed + episode``, disjoint from the evaluation
-seeds ``0..N`` that ``lbbench run --seeds N`` uses.
-
-Determinism: one thread, seeded torch/numpy generators, and a simulator that is
-deterministic for a workload seed: the same config gives the same curve.
+Then what a checkpoint is made of: ``export_policy`` (the greedy network as a
+numpy ``QPolicy``/``SharedQPolicy``, see ``lbbench.routers.rl.policy``),
+``validate`` (mean E2E on validation workloads through ``ClusterSim.run``, as
+``lbbench run`` routes), ``checkpoint_meta`` (what it was trained on, the
+mixing parameters of its fallback heuristic) and ``save_checkpoint`` (the
+selected network with the range of its training states, for the router's
+out-of-distribution guard; ``last/``; the curves; ``config.json``; and with
+``validation_gate`` the gate's verdict: unless the network beats its guidance
+heuristic by ``gate_margin_pct`` on fresh validation workloads, the checkpoint
+is marked ``gate = "heuristic"`` and the router routes with the heuristic).
 """
 
 from __future__ import annotations
@@ -48,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -57,13 +36,14 @@ import torch
 from torch import nn
 
 from lbbench import __version__
-from lbbench.profiles import Profile, load_profile
+from lbbench.profiles import Profile
 from lbbench.routers.rl.features import FeatureSpec
-from lbbench.routers.rl.policy import QPolicy, SharedQPolicy
+from lbbench.routers.rl.policy import ROUTER_CLASSES, QPolicy, SharedQPolicy
+from lbbench.sim.cluster import ClusterSim
 from lbbench.training.config import TrainConfig
-from lbbench.training.curve import CURVE_FILE, PLOT_FILE, LearningCurve, save_plot
-from lbbench.training.env import RewardConfig, RouterEnv
-from lbbench.training.episodes import episode_source
+from lbbench.training.curve import CURVE_FILE, PLOT_FILE, save_plot
+
+MAX_GRAD_NORM = 10.0  #: every update's gradient is clipped to this norm
 
 
 class QNetwork(nn.Module):
@@ -208,6 +188,137 @@ def permute_instances(rng: np.random.Generator, obs: np.ndarray, action: np.ndar
     return blocks(obs), new_action, blocks(next_obs), new_mask
 
 
+class DemoBuffer:
+    """States labelled with the teacher's action (DAgger's aggregate)."""
+
+    def __init__(self, capacity: int, obs_dim: int, num_actions: int):
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.mask = np.zeros((capacity, num_actions), bool)
+        self.action = np.zeros(capacity, np.int64)
+        self.capacity, self.size, self.pos = capacity, 0, 0
+
+    def add(self, obs: np.ndarray, mask: np.ndarray, action: np.ndarray) -> None:
+        for o, m, a in zip(obs, mask, action):
+            i = self.pos
+            self.obs[i], self.mask[i], self.action[i] = o, m, a
+            self.pos = (i + 1) % self.capacity
+            self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, n: int):
+        idx = rng.integers(0, self.size, size=n)
+        return torch.from_numpy(self.obs[idx]), torch.from_numpy(self.mask[idx]), torch.from_numpy(self.action[idx])
+
+
+def margin_loss(q: torch.Tensor, mask: torch.Tensor, teacher: torch.Tensor, margin: float) -> torch.Tensor:
+    """DQfD's large-margin loss over the valid actions (Hester et al. 2018):
+    ``max_a [Q(s, a) + margin · 1(a ≠ a_T)] − Q(s, a_T)``."""
+    bonus = torch.full_like(q, margin)
+    bonus.scatter_(1, teacher.unsqueeze(1), 0.0)
+    best = (q + bonus).masked_fill(~mask, -torch.inf).max(dim=1).values
+    return (best - q.gather(1, teacher.unsqueeze(1)).squeeze(1)).mean()
+
+
+def disagreement(policy, obs: np.ndarray, mask: np.ndarray, teacher: np.ndarray) -> float:
+    """Share of labelled states where the greedy network's action is not the teacher's."""
+    if not len(teacher):
+        return float("nan")
+    q = np.stack([policy.q_values(o) for o in obs])
+    return float((np.argmax(np.where(mask, q, -np.inf), axis=1) != teacher).mean())
+
+
+def dqn_update(q: nn.Module, q_target: nn.Module, opt: torch.optim.Optimizer, batch: tuple,
+               demo: tuple | None = None, demo_weight: float = 0.0, margin: float = 0.5) -> tuple[float, float]:
+    """One gradient step on the Double-DQN loss of a replay ``batch`` (``ReplayBuffer.sample``),
+    plus ``demo_weight`` times the margin loss on a ``demo`` batch (``DemoBuffer.sample``) when
+    given; returns the loss and the mean ``Q(s, a)`` of the batch."""
+    b_obs, b_act, b_rew, b_next, b_mask, b_done, b_disc = batch
+    with torch.no_grad():
+        best_next = q(b_next).masked_fill(~b_mask, -torch.inf).argmax(dim=1, keepdim=True)
+        target = b_rew + b_disc * q_target(b_next).gather(1, best_next).squeeze(1) * (1.0 - b_done)
+    q_taken = q(b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
+    loss = nn.functional.smooth_l1_loss(q_taken, target)
+    if demo is not None:
+        d_obs, d_mask, d_act = demo
+        loss = loss + demo_weight * margin_loss(q(d_obs), d_mask, d_act, margin)
+    opt.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(q.parameters(), MAX_GRAD_NORM)
+    opt.step()
+    return float(loss.detach()), float(q_taken.detach().mean())
+
+
+class Learner:
+    """What the learner holds: the online and target networks, Adam, the replay and
+    demonstration buffers, the running reward per epoch (reward centering) and the
+    update count. Its generator ``rng`` draws every batch."""
+
+    def __init__(self, cfg: TrainConfig, spec: FeatureSpec, reward_cfg, rng: np.random.Generator):
+        self.cfg, self.reward_cfg, self.rng = cfg, reward_cfg, rng
+        self.q, self.q_target = make_network(cfg, spec), make_network(cfg, spec)
+        self.q_target.load_state_dict(self.q.state_dict())
+        self.opt = torch.optim.Adam(self.q.parameters(), lr=cfg.lr)
+        n_act = cfg.instances + 1
+        self.buf = ReplayBuffer(cfg.buffer_size, spec.obs_dim, n_act)
+        self.demo = DemoBuffer(cfg.buffer_size, spec.obs_dim, n_act)
+        self.permute = ((spec.obs_dim - cfg.instances * spec.per_instance_dim, cfg.instances,
+                         spec.per_instance_dim) if cfg.permute_instances else None)
+        self.updates = 0
+        self.sum_reward, self.sum_epochs = 0.0, 0.0
+
+    def store(self, tr) -> None:
+        """An episode's transitions (``rollouts.Transitions``) into the replay buffer, each reward
+        centred (with ``reward_centering``: minus the running mean per epoch times its epochs),
+        scaled and discounted by the epochs it spans (``n_step`` returns); its teacher-labelled
+        states into the demonstrations."""
+        cfg, nstep = self.cfg, NStep(self.cfg.n_step)
+        for i in range(len(tr)):
+            reward, epochs = float(tr.reward[i]), float(tr.epochs[i])
+            self.sum_reward += reward
+            self.sum_epochs += epochs
+            if cfg.reward_centering and self.sum_epochs > 0:
+                reward -= self.sum_reward / self.sum_epochs * epochs
+            disc = self.reward_cfg.transition_discount(tr.task.schedule_episode, epochs)
+            for t in nstep.push(tr.obs[i], tr.action[i], reward * cfg.reward_scale, disc, tr.next_obs[i],
+                                tr.next_mask[i], bool(tr.done[i])):
+                self.buf.add(*t)
+        for t in nstep.flush(tr.next_obs[-1], tr.next_mask[-1], False) if len(tr) else []:
+            self.buf.add(*t)
+        labelled = tr.teacher_action >= 0
+        if labelled.any():
+            self.demo.add(tr.obs[labelled], tr.mask[labelled], tr.teacher_action[labelled])
+
+    def fit(self, n_updates: int, demo_weight: float) -> tuple[float, float]:
+        """Up to ``n_updates`` ``dqn_update`` steps (none before ``learning_starts`` transitions),
+        the target network synced every ``target_every`` decisions' worth of updates; returns
+        the mean loss and ``Q(s, a)`` (NaN without an update)."""
+        cfg = self.cfg
+        losses, qs = [], []
+        sync = max(1, cfg.target_every // max(1, cfg.train_every))
+        for _ in range(n_updates):
+            if self.buf.size < max(1, cfg.learning_starts):
+                break
+            batch = self.buf.sample(self.rng, cfg.batch_size, self.permute)
+            demo = self.demo.sample(self.rng, cfg.batch_size) if demo_weight > 0 and self.demo.size else None
+            loss, q_mean = dqn_update(self.q, self.q_target, self.opt, batch, demo, demo_weight, cfg.margin)
+            self.updates += 1
+            if self.updates % sync == 0:
+                self.q_target.load_state_dict(self.q.state_dict())
+            losses.append(loss)
+            qs.append(q_mean)
+        return (float(np.mean(losses)) if losses else float("nan"), float(np.mean(qs)) if qs else float("nan"))
+
+    def disagreement(self, policy, sample: bool = True) -> float:
+        """``disagreement`` with the teacher on ``disagreement_sample`` demonstrations drawn at
+        random (all of them with ``sample=False``); NaN without demonstrations."""
+        d = self.demo
+        if not d.size:
+            return float("nan")
+        if not sample:
+            return disagreement(policy, d.obs[:d.size], d.mask[:d.size], d.action[:d.size])
+        k = self.rng.integers(0, d.size, size=min(d.size, self.cfg.disagreement_sample))
+        return disagreement(policy, d.obs[k], d.mask[k], d.action[k])
+
+
 def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy())
             for m in seq if isinstance(m, nn.Linear)]
@@ -229,14 +340,12 @@ def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig
     as ``lbbench run`` does; with ``heuristic`` the router's guidance heuristic
     instead of the network. (The geometric mean weighs a workload at light load,
     seconds of E2E, as much as one in overload, minutes.)"""
-    from lbbench.routers.rl.policy import ROUTER_CLASSES
-    from lbbench.sim.cluster import ClusterSim
     with tempfile.TemporaryDirectory() as tmp:
         policy.save(tmp, meta=dict(policy.meta, gate="heuristic") if heuristic else None)
         router = ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp)
     means = []
     for k, reqs in enumerate(workloads):
-        sim_seed = seed_of[k] if seed_of else cfg.train_seed_base - 1 - k
+        sim_seed = seed_of[k] if seed_of else cfg.validation_seeds(len(workloads))[k]
         recs = ClusterSim(profile, cfg.instances, reqs, seed=sim_seed,
                           instance_scheduler=cfg.instance_scheduler,
                           chunked_prefill=cfg.chunked_prefill).run(router)
@@ -249,148 +358,6 @@ def epsilon_at(cfg: TrainConfig, episode: int) -> float:
         return 0.0
     frac = episode / max(1, cfg.explore_episodes - 1)
     return cfg.epsilon_start + frac * (cfg.epsilon_end - cfg.epsilon_start)
-
-
-def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool = True,
-          profile: Profile | None = None, ray_address: str | None = None) -> pl.DataFrame:
-    """Train one variant; writes the checkpoint to ``out_dir`` (when given) and
-    returns the training curve. With ``workers`` or a ``teacher`` the round-based
-    loop over parallel rollouts (``rounds``) does it; ``ray_address`` puts its
-    rollout workers on Ray."""
-    if cfg.workers > 0 or cfg.teacher != "none" or ray_address:
-        from lbbench.training.rounds import train_rounds
-        return train_rounds(cfg, out_dir, progress=progress, profile=profile, ray_address=ray_address)
-    torch.set_num_threads(1)
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    prof = profile or load_profile(cfg.profile)
-    reward_cfg = RewardConfig(cfg.router, r_w=cfg.r_w, gamma=cfg.gamma, beta_d=cfg.beta_d,
-                              guidance_scale=cfg.guidance_scale, guidance_schedule=cfg.guidance_schedule,
-                              discount=cfg.discount, estimator=cfg.estimator)
-    episodes = episode_source(cfg, prof)
-    if cfg.prior_scale > 0 and cfg.permute_instances:
-        raise ValueError("prior_scale: does not combine with permute_instances (use --network shared)")
-    env = RouterEnv(prof, cfg.instances, episodes,
-                    reward_cfg, instance_scheduler=cfg.instance_scheduler,
-                    chunked_prefill=cfg.chunked_prefill, max_defer_s=cfg.max_defer_s,
-                    prior_scale=cfg.prior_scale,
-                    feature_spec=FeatureSpec.from_profile(prof, cfg.instances, kv_features=cfg.kv_features))
-    obs_dim, n_act = env.feature_spec.obs_dim, cfg.instances + 1
-    q = make_network(cfg, env.feature_spec)
-    q_target = make_network(cfg, env.feature_spec)
-    q_target.load_state_dict(q.state_dict())
-    opt = torch.optim.Adam(q.parameters(), lr=cfg.lr)
-    # with a residual prior, every stored state is [obs, prior] (the prior is fixed, not learned)
-    residual = cfg.prior_scale > 0
-    buf = ReplayBuffer(cfg.buffer_size, obs_dim + (n_act if residual else 0), n_act)
-
-    def stored(o: np.ndarray, prior: np.ndarray) -> np.ndarray:
-        return np.concatenate([o, prior]) if residual else o
-
-    def q_total(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return net(x[..., :obs_dim]) + x[..., obs_dim:] if residual else net(x)
-    spec = env.feature_spec
-    permute = ((spec.obs_dim - cfg.instances * spec.per_instance_dim, cfg.instances,
-                spec.per_instance_dim) if cfg.permute_instances else None)
-    meta = checkpoint_meta(cfg, prof, env.feature_spec)
-
-    validation = [episodes(cfg.train_seed_base - 1 - k) for k in range(cfg.val_seeds)]
-    lc = LearningCurve(cfg, prof, validation, [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds)],
-                       out_dir) if cfg.val_seeds > 0 else None
-    rows: list[dict] = []
-    best: tuple[float, QPolicy | SharedQPolicy] | None = None
-    step = 0
-    sum_reward, sum_epochs = 0.0, 0.0  # for reward centering
-    t_start = time.perf_counter()
-    bar = _progress_bar(progress, cfg)
-    for episode in range(cfg.episodes):
-        eps = epsilon_at(cfg, episode)
-        wl_seed = cfg.train_seed_base + 1000 * cfg.seed + episode
-        obs, info = env.reset(seed=wl_seed, options={"episode": episode})
-        obs = stored(obs, info["prior"])
-        ep_reward, losses, qs, n_dec, n_defer = 0.0, [], [], 0, 0
-        nstep = NStep(cfg.n_step)
-        done = False
-        while not done:
-            mask = info["action_mask"]
-            if rng.random() < eps:
-                action = int(rng.choice(np.flatnonzero(mask)))
-            else:
-                with torch.no_grad():
-                    qv = q_total(q, torch.from_numpy(obs)).numpy()
-                action = int(np.argmax(np.where(mask, qv, -np.inf)))
-            next_obs, reward, terminated, truncated, info = env.step(action)
-            next_obs = stored(next_obs, info["prior"])
-            disc = reward_cfg.transition_discount(episode, info["epochs"])
-            ep_reward += reward
-            sum_reward += reward
-            sum_epochs += info["epochs"]
-            if cfg.reward_centering and sum_epochs > 0:
-                reward -= sum_reward / sum_epochs * info["epochs"]
-            if terminated and cfg.bootstrap_end:  # the stream goes on: bootstrap, do not terminate
-                boot = stored(info["bootstrap_obs"], info["bootstrap_prior"])
-                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, boot,
-                                   info["bootstrap_mask"], False) + nstep.flush(boot, info["bootstrap_mask"], False)
-            else:
-                ready = nstep.push(obs, action, reward * cfg.reward_scale, disc, next_obs,
-                                   info["action_mask"], terminated)
-                if truncated:
-                    ready += nstep.flush(next_obs, info["action_mask"], False)
-            for t in ready:
-                buf.add(*t)
-            obs, done = next_obs, terminated or truncated
-            n_dec += 1
-            n_defer += action == cfg.instances
-            step += 1
-
-            if step >= cfg.learning_starts and step % cfg.train_every == 0:
-                b_obs, b_act, b_rew, b_next, b_mask, b_done, b_disc = buf.sample(rng, cfg.batch_size, permute)
-                with torch.no_grad():
-                    online_next = q_total(q, b_next).masked_fill(~b_mask, -torch.inf)
-                    best_next = online_next.argmax(dim=1, keepdim=True)
-                    target_next = q_total(q_target, b_next).gather(1, best_next).squeeze(1)
-                    target = b_rew + b_disc * target_next * (1.0 - b_done)
-                q_taken = q_total(q, b_obs).gather(1, b_act.unsqueeze(1)).squeeze(1)
-                loss = nn.functional.smooth_l1_loss(q_taken, target)
-                opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(q.parameters(), 10.0)
-                opt.step()
-                losses.append(float(loss.detach()))
-                qs.append(float(q_taken.detach().mean()))
-            if step % cfg.target_every == 0:
-                q_target.load_state_dict(q.state_dict())
-
-        recs = env.sim.records
-        e2e = [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
-        wait = [r.dispatch_s - r.arrival_s for r in recs]
-        row = {"episode": episode, "reward": ep_reward, "mean_e2e_s": float(np.mean(e2e)),
-               "mean_router_wait_s": float(np.mean(wait)),
-               "loss": float(np.mean(losses)) if losses else float("nan"),
-               "q_mean": float(np.mean(qs)) if qs else float("nan"), "epsilon": eps,
-               "guidance_weight": env.guidance_weight, "td_discount": reward_cfg.td_discount(episode),
-               "decisions": n_dec, "defers": n_defer,
-               "preemptions": int(sum(r.num_preemptions or 0 for r in recs)),
-               "wall_s": time.perf_counter() - t_start}
-        rows.append(row)
-        row["val_e2e_s"] = float("nan")
-        if eps == 0.0 and cfg.val_seeds > 0:
-            policy = export_policy(q, dict(meta, episode=episode))
-            row["val_e2e_s"] = validate(policy, prof, cfg, validation)
-            if best is None or row["val_e2e_s"] < best[0]:
-                best = (row["val_e2e_s"], policy)
-        if lc is not None and ((episode + 1) % max(1, cfg.eval_every) == 0 or episode == cfg.episodes - 1):
-            lc.record(episode + 1, export_policy(q, dict(meta, episode=episode)))
-        bar.update(row)
-    bar.close()
-
-    curve = pl.DataFrame(rows)
-    if out_dir is not None:
-        low, high = buf.state_range()
-        last = export_policy(q, dict(meta, episode=cfg.episodes - 1))
-        save_checkpoint(cfg, prof, out_dir, best, last, (low[:obs_dim], high[:obs_dim]), episodes, curve,
-                        lc.frame() if lc is not None else None)
-    return curve
 
 
 def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
@@ -406,7 +373,6 @@ def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
                                                else cfg.chunked_prefill)},
             "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
                        "alpha": prof.alpha, "estimator": cfg.estimator},
-            "prior_scale": cfg.prior_scale,
             "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
 
 
@@ -425,7 +391,7 @@ def save_checkpoint(cfg: TrainConfig, prof: Profile, out_dir: str | Path,
     chosen.meta.update(ranges)
     if best is not None and cfg.validation_gate:
         # fresh workloads: the selection seeds flatter the network they selected
-        seeds = [cfg.train_seed_base - 1 - k for k in range(cfg.val_seeds, 2 * cfg.val_seeds)]
+        seeds = cfg.validation_seeds(cfg.val_seeds, skip=cfg.val_seeds)
         gate_wl = [episodes(sd) for sd in seeds]
         net_e2e = validate(chosen, prof, cfg, gate_wl, seed_of=seeds)
         heuristic_e2e = validate(chosen, prof, cfg, gate_wl, heuristic=True, seed_of=seeds)
@@ -453,27 +419,3 @@ def _jsonable(d: dict) -> dict:
     if d.get("trace"):
         d["trace"] = Path(d["trace"]).name
     return json.loads(json.dumps(d, default=str))
-
-
-class _progress_bar:
-    """A rich progress bar over episodes (silent when disabled)."""
-
-    def __init__(self, enabled: bool, cfg: TrainConfig):
-        self.p = None
-        if enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-            self.p = Progress(TextColumn(f"train {cfg.router}"), BarColumn(),
-                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                              TextColumn("{task.fields[info]}"))
-            self.p.start()
-            self.task = self.p.add_task("episodes", total=cfg.episodes, info="")
-
-    def update(self, row: dict) -> None:
-        if self.p is not None:
-            self.p.update(self.task, advance=1,
-                          info=f"e2e {row['mean_e2e_s']:.2f}s reward {row['reward']:.3g} "
-                               f"eps {row['epsilon']:.2f}")
-
-    def close(self) -> None:
-        if self.p is not None:
-            self.p.stop()

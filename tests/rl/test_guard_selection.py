@@ -144,7 +144,7 @@ def test_train_on_a_trace_then_run_with_the_checkpoint(tmp_path):
     out = tmp_path / "ckpt"
     runner = CliRunner()
     res = runner.invoke(main, [
-        "train", "--router", "wgrl", "--profile", "llama3.1-8b-a100", "--instances", "2",
+        "train", "--recipe", "paper", "--router", "wgrl", "--profile", "llama3.1-8b-a100", "--instances", "2",
         "--trace", str(trace), "--max-prompt-tokens", "300", "--rate", "4", "--requests", "30",
         "--predictor", "noisy:0.79", "--episodes", "2", "--explore-episodes", "1",
         "--learning-starts", "16", "--batch-size", "16", "--buffer-size", "1000", "--val-seeds", "1",

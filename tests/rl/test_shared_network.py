@@ -16,8 +16,9 @@ from lbbench.routers.rl.features import FeatureSpec
 from lbbench.routers.rl.policy import CheckpointError, SharedQPolicy, WorkloadGuidedRL, load_policy
 from lbbench.sim.cluster import ClusterSim
 from lbbench.training import trainer as tr
+from lbbench.training.rounds import train
 
-from tests_rl_helpers import PROFILE, small_workload  # noqa: E402
+from tests_rl_helpers import PROFILE, small_workload, use_small_workloads  # noqa: E402
 
 SPEC = FeatureSpec(num_instances=3, max_num_seqs=8, min_step_s=0.02, max_model_len=2048,
                    kv_capacity_tokens=4096)
@@ -79,11 +80,11 @@ def test_bad_shared_metadata_is_a_checkpoint_error(tmp_path):
 
 
 def test_trains_and_routes(tmp_path, monkeypatch):
-    monkeypatch.setattr(tr, "episode_source", lambda cfg, profile: small_workload)
+    use_small_workloads(monkeypatch)
     cfg = tr.TrainConfig(router="wgrl", profile="tiny", instances=3, episodes=3, requests=40,
                          explore_episodes=2, learning_starts=32, batch_size=32, target_every=50,
                          buffer_size=5000, network="shared")
-    tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
+    train(cfg, tmp_path, progress=False, profile=PROFILE)
     router = WorkloadGuidedRL(3, checkpoint=tmp_path)
     assert isinstance(router.policy, SharedQPolicy)
     recs = ClusterSim(PROFILE, 3, small_workload(99)).run(router)
@@ -93,9 +94,10 @@ def test_trains_and_routes(tmp_path, monkeypatch):
 
 
 def test_heuristic_prior_hand_values_and_a_flat_network_acts_as_the_heuristic(tmp_path, monkeypatch):
-    """Residual Q (``--prior-scale K``): prior 0 for the least mixing impact, -K for the
-    largest among the valid instances, linear between, -K for defer; with a network
-    whose values are flat the router picks exactly the heuristic's instance."""
+    """Residual Q (a checkpoint whose metadata has ``prior_scale`` K; training no longer makes
+    them): prior 0 for the least mixing impact, -K for the largest among the valid instances,
+    linear between, -K for defer; with a network whose values are flat the router picks exactly
+    the heuristic's instance."""
     from lbbench.core import ClusterState, Dispatched, InstanceSpec, Request
     from lbbench.routers.mixing import MixingParams, heuristic_prior, least_impact_instance, penalties
 
@@ -103,13 +105,14 @@ def test_heuristic_prior_hand_values_and_a_flat_network_acts_as_the_heuristic(tm
     assert heuristic_prior([3.0, 1.0, 2.0], [True, False, True], 2.0) == [-2.0, -2.0, 0.0, -2.0]
     assert heuristic_prior([1.0, 1.0], [True, True], 1.0) == [0.0, 0.0, -1.0]
 
-    monkeypatch.setattr(tr, "episode_source", lambda cfg, profile: small_workload)
+    use_small_workloads(monkeypatch)
     cfg = tr.TrainConfig(router="wgrl", profile="tiny", instances=3, episodes=2, requests=40,
                          explore_episodes=1, learning_starts=32, batch_size=32, target_every=50,
-                         buffer_size=5000, network="shared", prior_scale=1.0)
-    tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
+                         buffer_size=5000, network="shared")
+    train(cfg, tmp_path, progress=False, profile=PROFILE)
     pol = load_policy(tmp_path)
-    assert pol.meta["prior_scale"] == 1.0 and len(pol.meta["obs_low"]) == pol.obs_dim
+    assert "prior_scale" not in pol.meta and len(pol.meta["obs_low"]) == pol.obs_dim
+    pol.meta["prior_scale"] = 1.0
     for layers in (pol.instance_layers, pol.defer_layers):  # flatten the network: constant values
         w, b = layers[-1]
         layers[-1] = (np.zeros_like(w), np.zeros_like(b))
@@ -123,6 +126,3 @@ def test_heuristic_prior_hand_values_and_a_flat_network_acts_as_the_heuristic(tm
     mix = MixingParams(**{k: pol.meta["mixing"][k] for k in ("grad1", "grad2", "epsilon", "alpha")})
     want = least_impact_instance(penalties(mix, st_.view(), head))
     assert want == 1 and router.route([head], st_.view(), 0.0).instance == want
-    with pytest.raises(ValueError, match="prior_scale"):
-        tr.train(dataclasses.replace(cfg, network="mlp", permute_instances=True), tmp_path / "x",
-                 progress=False, profile=PROFILE)

@@ -1,31 +1,36 @@
-"""Double-DQN trainer: runs end to end, is deterministic, exports a numpy policy."""
+"""The training loop without a teacher (the serial case, one worker in process): runs end to end,
+is deterministic, exports a numpy policy; the learner's parts."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import polars as pl
 import pytest
 
 from lbbench.training import trainer as tr
+from lbbench.training.rounds import plan_rounds, train
 from lbbench.routers.rl.policy import QPolicy, WorkloadAwareRL
 from lbbench.sim.cluster import ClusterSim
 
-from tests_rl_helpers import PROFILE, small_workload  # noqa: E402  (conftest puts tests/rl on path)
+from tests_rl_helpers import PROFILE, small_workload, use_small_workloads  # noqa: E402  (conftest: tests/rl on path)
 
 
 @pytest.fixture
 def tiny_cfg(monkeypatch):
-    monkeypatch.setattr(tr, "episode_source", lambda cfg, profile: small_workload)
+    use_small_workloads(monkeypatch)
     return tr.TrainConfig(router="wa_rl", profile="tiny", instances=3, episodes=3, requests=40,
                           explore_episodes=2, learning_starts=32, batch_size=32, target_every=50,
                           buffer_size=5000)
 
 
 def test_train_writes_checkpoint_and_curve(tmp_path, tiny_cfg):
-    curve = tr.train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
-    assert curve.columns[:6] == ["episode", "reward", "mean_e2e_s", "mean_router_wait_s", "loss",
-                                 "q_mean"]
-    assert curve["episode"].to_list() == [0, 1, 2]
+    curve = train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
+    assert curve.columns[:5] == ["episode", "phase", "teacher_agreement", "reward", "mean_e2e_s"]
+    assert {"loss", "q_mean", "epsilon", "updates", "val_e2e_s"} <= set(curve.columns)
+    assert curve["episode"].to_list() == [0, 1, 2] and set(curve["phase"]) == {"rl"}
+    assert curve["updates"][-1] > 0 and np.isfinite(curve["loss"][-1])
     assert curve["epsilon"].to_list()[-1] == 0.0
     assert pl.read_parquet(tmp_path / "curve.parquet").equals(curve)
     pol = QPolicy.load(tmp_path)
@@ -38,8 +43,8 @@ def test_train_writes_checkpoint_and_curve(tmp_path, tiny_cfg):
 
 
 def test_same_seed_same_curve(tmp_path, tiny_cfg):
-    a = tr.train(tiny_cfg, tmp_path / "a", progress=False, profile=PROFILE).drop("wall_s")
-    b = tr.train(tiny_cfg, tmp_path / "b", progress=False, profile=PROFILE).drop("wall_s")
+    a = train(tiny_cfg, tmp_path / "a", progress=False, profile=PROFILE).drop("wall_s")
+    b = train(tiny_cfg, tmp_path / "b", progress=False, profile=PROFILE).drop("wall_s")
     assert a.equals(b)
     wa = np.load(tmp_path / "a" / "policy.npz")["w0"]
     wb = np.load(tmp_path / "b" / "policy.npz")["w0"]
@@ -55,7 +60,7 @@ def test_epsilon_schedule():
 
 
 def test_checkpoint_records_what_it_was_trained_on(tmp_path, tiny_cfg):
-    tr.train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
+    train(tiny_cfg, tmp_path, progress=False, profile=PROFILE)
     meta = QPolicy.load(tmp_path).meta
     assert meta["trained_on"]["workload"] == "paper-mix" and meta["trained_on"]["predictor"] == "oracle"
     assert meta["mixing"]["estimator"] == "paper" and meta["mixing"]["grad1"] == PROFILE.grad1
@@ -71,13 +76,42 @@ def test_checkpoint_records_what_it_was_trained_on(tmp_path, tiny_cfg):
 
 def test_options_train(tmp_path, tiny_cfg):
     """n-step returns, bootstrapping at the end, reward centering, literal schedule, per-decision
-    discount all train."""
-    import dataclasses
+    discount, the instance-permutation augmentation all train."""
     cfg = dataclasses.replace(tiny_cfg, router="wgrl", n_step=3, bootstrap_end=True,
                               guidance_schedule="literal", discount="decision", estimator="interference", reward_centering=True,
-                              episodes=2, explore_episodes=1)
-    curve = tr.train(cfg, tmp_path, progress=False, profile=PROFILE)
-    assert curve.height == 2 and curve["td_discount"].to_list() == [0.99, 0.99]
+                              episodes=2, explore_episodes=1, permute_instances=True)
+    curve = train(cfg, tmp_path, progress=False, profile=PROFILE)
+    assert curve.height == 2 and curve["updates"][-1] > 0 and np.isfinite(curve["loss"][-1])
+    plain = train(dataclasses.replace(cfg, permute_instances=False), tmp_path / "plain", progress=False,
+                  profile=PROFILE)
+    assert plain["loss"][-1] != curve["loss"][-1]  # the augmentation changes what is learned
+
+
+def test_a_run_of_four_episodes_evaluates_its_learning_curve_twice(tmp_path, tiny_cfg):
+    cfg = dataclasses.replace(tiny_cfg, episodes=4, eval_every=5, val_seeds=1, validation_gate=False)
+    train(cfg, tmp_path, progress=False, profile=PROFILE)
+    lc = pl.read_parquet(tmp_path / "learning_curve.parquet")
+    assert sorted(set(lc["episode"].to_list())) == [2, 4]
+
+
+def test_rounds_plan_the_phases_seeds_and_dagger_schedule():
+    cfg = tr.TrainConfig(teacher="kv_gate", bc_episodes=3, dagger_rounds=3, episodes=3, workers=2, seed=2,
+                         seed_stride=100, dagger_beta_decay=0.4, explore_episodes=2, epsilon_start=0.5,
+                         epsilon_end=0.1)
+    rounds = plan_rounds(cfg)
+    assert [(phase, len(tasks)) for phase, tasks in rounds] == [
+        ("bc", 2), ("bc", 1), ("dagger", 2), ("dagger", 2), ("dagger", 2), ("rl", 2), ("rl", 1)]
+    tasks = [t for _, ts in rounds for t in ts]
+    assert [t.episode for t in tasks] == list(range(12))
+    assert [t.seed for t in tasks] == [cfg.train_seed_base + 200 + k for k in range(12)]
+    assert [t.beta for _, ts in rounds if _ == "dagger" for t in ts] == pytest.approx(
+        [0.4, 0.4, 0.16, 0.16, 0.064, 0.064])
+    rl = [t for _, ts in rounds if _ == "rl" for t in ts]
+    assert [t.schedule_episode for t in rl] == [0, 1, 2] and [t.epsilon for t in rl] == pytest.approx([0.5, 0.1, 0.0])
+    # the serial case: one episode a round, no imitation phases
+    serial = plan_rounds(tr.TrainConfig(episodes=3, workers=0))
+    assert [(phase, len(tasks)) for phase, tasks in serial] == [("rl", 1)] * 3
+    assert cfg.validation_seeds(2, skip=1) == [cfg.train_seed_base - 2, cfg.train_seed_base - 3]
 
 
 def test_permute_instances_relabels_consistently():
@@ -138,5 +172,4 @@ def test_rates_cycle_through_episodes_and_validation_is_a_geometric_mean(monkeyp
 
 
 def dataclasses_replace(cfg, **kw):
-    import dataclasses
     return dataclasses.replace(cfg, **kw)

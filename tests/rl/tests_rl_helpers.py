@@ -19,3 +19,9 @@ def small_workload(seed: int, n: int = 40, rate: float = 20.0) -> list[Request]:
     t = np.cumsum(rng.exponential(1 / rate, n))
     return [Request(i, float(t[i]), int(rng.integers(4, 200)), int(rng.integers(1, 120)))
             for i in range(n)]
+
+
+def use_small_workloads(monkeypatch) -> None:
+    """Train on ``small_workload`` (the loop's validation workloads and the rollout workers' episodes)."""
+    monkeypatch.setattr("lbbench.training.episodes.episode_source", lambda cfg, profile: small_workload)
+    monkeypatch.setattr("lbbench.training.rounds.episode_source", lambda cfg, profile: small_workload)
