@@ -30,14 +30,16 @@ The choice, as llm-d's scorer makes it:
   instance, so that a model that never sees an instance does not ignore it for good.
 
 Model: ridge regression (numpy least squares on standardised features) over a sliding window of the last
-``window`` samples (2,000), refit after ``min_samples`` (10, llm-d's ``LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH``)
-completions and then every ``refit_every`` (100, its deployment's ``LATENCY_MIN_SAMPLES_FOR_RETRAIN``). Refits
+``window`` samples (2,000), first fit after ``min_samples`` (10, llm-d's ``LATENCY_MIN_SAMPLES_FOR_RETRAIN_FRESH``)
+completions, refit as the completions double (20, 40, 80) and then every ``refit_every`` (100, its deployment's
+``LATENCY_MIN_SAMPLES_FOR_RETRAIN``). Coefficients are sign-constrained (``SIGNS``). Refits
 run in ``on_event`` when a completion arrives, never in ``route``; a prediction is a dot product (a few µs).
 llm-d trains XGBoost by default (a p90 quantile objective, stratified windows of 500 samples per bucket of
 queue x KV x prefix) behind a sidecar, and ships Bayesian ridge for in-process predictions from cached
 coefficients; XGBoost is not an lbbench dependency and a boosted-tree call costs more than the decision budget,
 so this router fits the linear form llm-d predicts in process, on the mean. ``model = "bayesian_ridge"`` fits
-scikit-learn's ``BayesianRidge`` instead (the ``learn`` extra).
+scikit-learn's ``BayesianRidge`` instead (the ``learn`` extra); ``log_space = true`` fits log latency on
+log1p features (a multiplicative model; on paper-mix it routed worse).
 
 Cold start: until its first fit it routes as ``least_requests`` and ``run_notes()`` says for how many
 requests. ``run_notes()`` also reports the mean absolute percentage error (MAPE) of the predictions it routed
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from math import exp, log1p
 from collections import deque
 from typing import Any, Sequence
 
@@ -65,6 +68,10 @@ LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/requestcontrol/data
 
 FEATURES = ("queued_requests", "running_requests", "queued_prompt_tokens", "kv_usage", "prefix_hit",
             "prompt_tokens", "uncached_prompt_tokens", "predicted_output_tokens", "decode_context_tokens")
+#: the sign a coefficient may take: load and size only slow a request down (+1), a cache hit only speeds it up
+#: (-1). A linear model fit on what the router itself chose otherwise learns spurious negative load terms and
+#: herds requests onto the busiest instance, and the short-output tail pulls long outputs' TPOT below zero.
+SIGNS = np.array([1, 1, 1, 1, -1, 1, 1, 1, 1])
 #: llm-d's latency-scorer blend of normalised TTFT and TPOT headroom
 TTFT_WEIGHT, TPOT_WEIGHT = 0.8, 0.2
 MODELS = ("ridge", "bayesian_ridge")
@@ -73,11 +80,12 @@ MODELS = ("ridge", "bayesian_ridge")
 class OnlineLinear:
     """A linear model over a sliding window, refit on demand; predictions are one dot product."""
 
-    def __init__(self, window: int, alpha: float, model: str):
+    def __init__(self, window: int, alpha: float, model: str, log_space: bool = False):
         self.x: deque[tuple[float, ...]] = deque(maxlen=window)
         self.y: deque[float] = deque(maxlen=window)
         self.alpha = alpha
         self.model = model
+        self.log_space = log_space
         self.coef: list[float] | None = None
         self.intercept = 0.0
 
@@ -90,6 +98,8 @@ class OnlineLinear:
             return
         x = np.asarray(self.x, dtype=float)
         y = np.asarray(self.y, dtype=float)
+        if self.log_space:
+            x, y = np.log1p(x), np.log(y)
         mu, sd = x.mean(axis=0), x.std(axis=0)
         sd[sd == 0] = 1.0
         z = (x - mu) / sd
@@ -98,8 +108,16 @@ class OnlineLinear:
             from sklearn.linear_model import BayesianRidge  # optional extra, checked at construction
             w = BayesianRidge().fit(z, y - ym).coef_
         else:
-            k = z.shape[1]
-            w = np.linalg.solve(z.T @ z + self.alpha * np.eye(k), z.T @ (y - ym))
+            w = np.zeros(z.shape[1])
+            keep = np.ones(z.shape[1], dtype=bool)
+            while keep.any():  # ridge on the features kept; drop those whose sign contradicts SIGNS, refit
+                zk = z[:, keep]
+                w[:] = 0.0
+                w[keep] = np.linalg.solve(zk.T @ zk + self.alpha * np.eye(zk.shape[1]), zk.T @ (y - ym))
+                wrong = SIGNS * w < 0
+                if not wrong.any():
+                    break
+                keep &= ~wrong
         raw = w / sd
         self.coef = [float(c) for c in raw]
         self.intercept = float(ym - raw @ mu)
@@ -108,6 +126,10 @@ class OnlineLinear:
         c = self.coef
         assert c is not None
         s = self.intercept
+        if self.log_space:
+            for a, b in zip(c, x):
+                s += a * log1p(b)
+            return exp(s)
         for a, b in zip(c, x):
             s += a * b
         return s
@@ -124,7 +146,7 @@ class PredictedLatency(_Base):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
                  slo_ttft_s: float | None = None, slo_tpot_s: float | None = None, epsilon: float = 0.01,
                  window: int = 2000, min_samples: int = 10, refit_every: int = 100, ridge_alpha: float = 1.0,
-                 model: str = "ridge", lru_tokens: int | None = None, **kw: Any):
+                 model: str = "ridge", log_space: bool = False, lru_tokens: int | None = None, **kw: Any):
         super().__init__(num_instances, seed, profile, **kw)
         for name, v in (("slo_ttft_s", slo_ttft_s), ("slo_tpot_s", slo_tpot_s)):
             if v is not None and not (math.isfinite(v) and v > 0):
@@ -149,8 +171,8 @@ class PredictedLatency(_Base):
         self.epsilon = float(epsilon)
         self.min_samples = int(min_samples)
         self.refit_every = int(refit_every)
-        self.ttft_model = OnlineLinear(int(window), float(ridge_alpha), model)
-        self.tpot_model = OnlineLinear(int(window), float(ridge_alpha), model)
+        self.ttft_model = OnlineLinear(int(window), float(ridge_alpha), model, bool(log_space))
+        self.tpot_model = OnlineLinear(int(window), float(ridge_alpha), model, bool(log_space))
         cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
         self.trees = PrefixTrees(num_instances, int(cap))
         self._rng = np.random.default_rng(seed)
@@ -289,7 +311,8 @@ class PredictedLatency(_Base):
                         self.tpot_ape.append(abs(rec[3] - tpot) / tpot)
             self.completions += 1
             self._since_fit += 1
-            need = self.min_samples if not self.fitted else self.refit_every
+            # the first fit after min_samples completions, then as the window doubles, then every refit_every
+            need = self.min_samples if not self.fitted else min(self.refit_every, self.completions - self._since_fit)
             if self._since_fit >= need and len(self.tpot_model.y) >= 2 and len(self.ttft_model.y) >= 2:
                 self.refit()
         elif isinstance(ev, Failed):

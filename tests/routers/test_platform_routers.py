@@ -154,12 +154,14 @@ def test_predicted_latency_fits_online_and_follows_its_predictions():
     x0 = r.features(hreq(999), v.instances[0])
     assert r.predict(x0)[0] == pytest.approx(3.05, rel=0.05)
     assert r.route([hreq(999)], v, 100.0).instance == 1
-    # the service slows down 3x; after 20 more completions the refit sees it and the prediction follows
+    # the service slows down 3x; the next refit (as the completions double, at 20) sees it and the prediction follows
     before = r.predict(x0)[0]
-    _train(r, 19, 3e-3, rng, start=1000)
-    assert r.predict(x0)[0] == before  # no refit yet: 19 < refit_every
-    _train(r, 1, 3e-3, rng, start=1019)
+    _train(r, 9, 3e-3, rng, start=1000)
+    assert r.num_fits == 1 and r.predict(x0)[0] == before
+    _train(r, 1, 3e-3, rng, start=1009)
     assert r.num_fits == 2 and r.predict(x0)[0] > 1.5 * before
+    _train(r, 20, 3e-3, rng, start=1010)  # then every refit_every (20)
+    assert r.num_fits == 3
     notes = r.run_notes()
     assert "routed its first 10 of" in notes[0] and "first fit after 10 completions" in notes[0]
     assert "TTFT MAPE" in notes[1] and "TPOT MAPE" in notes[1]
