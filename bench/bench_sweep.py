@@ -107,20 +107,20 @@ def run_mode(mode: str, requests: int, out: Path, ray_address: str | None) -> tu
 
 def unit_times(requests: int) -> tuple[list[float], list[str]]:
     """Each unit of the sweep run alone in this process: (seconds, labels), in unit order."""
-    from lbbench.experiment import RunConfig
-    from lbbench.experiment.parallel import sim_unit, sim_works
+    from lbbench.experiment import RunConfig, works
+    from lbbench.experiment.backends import SimBackend
     from lbbench.profiles import load_profile
 
     cfg = RunConfig(profile="llama2-7b-v100", instances=4, workload="paper-mix",
                     rates=[float(r) for r in RATES.split(",")], requests=requests, routers=ROUTERS.split(","),
                     instance_schedulers=SCHEDULERS.split(","), seeds=SEEDS).resolved()
-    works = sim_works(cfg, load_profile(cfg.profile), "bench")
+    units = works(cfg, load_profile(cfg.profile), "bench")
     times = []
-    for w in works:
+    for w in units:
         t0 = time.perf_counter()
-        sim_unit(w)
+        SimBackend().run(w)
         times.append(time.perf_counter() - t0)
-    return times, [w.label for w in works]
+    return times, [w.label for w in units]
 
 
 def makespan(times: list[float], num_cpus: int) -> float:

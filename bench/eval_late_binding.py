@@ -40,7 +40,8 @@ import numpy as np
 import polars as pl
 
 from lbbench.distributed import get_executor
-from lbbench.experiment import RunConfig, sim_frames as _sim_frames
+from lbbench.experiment import RunConfig, simulate
+from lbbench.profiles import load_profile
 from lbbench.reports.reference import BASELINE_ROUTERS, with_reference
 from lbbench.reports.summary import Slo, per_seed, summarize
 
@@ -100,7 +101,8 @@ def _config(cell: Cell, arm: Arm, rate: float | None, seed: int) -> RunConfig:
 
 def _job(args: tuple[Cell, Arm, float | None, int]) -> pl.DataFrame:
     cell, arm, rate, seed = args
-    frames, _ = _sim_frames((_config(cell, arm, rate, seed), "eval"))
+    cfg = _config(cell, arm, rate, seed)
+    frames = [out.records for out in simulate(cfg, load_profile(cfg.profile), "eval")]
     df = pl.concat(frames, how="diagonal_relaxed")
     rate_col = pl.lit(-1.0 if rate is None else rate, pl.Float64)  # -1: the trace's own rate
     return df.with_columns(pl.lit(arm.label).alias("router"), rate_col.alias("rate_per_s"))

@@ -14,7 +14,7 @@ import argparse
 
 import polars as pl
 
-from lbbench.experiment import RunConfig, iter_sim_runs
+from lbbench.experiment import RunConfig, simulate
 from lbbench.profiles import load_profile
 from lbbench.reports.summary import summarize
 
@@ -34,7 +34,7 @@ def main() -> None:
     for spec in specs:
         cfg = RunConfig(routers=["round_robin", *routers], seeds=args.seeds, predictor=spec,
                         requests=args.requests, timeline_interval_s=None)
-        frames = [df for df, _ in iter_sim_runs(cfg, profile, run_id=f"sens-{spec}")]
+        frames = [out.records for out in simulate(cfg, profile, run_id=f"sens-{spec}")]
         summ = summarize(pl.concat(frames))
         for r in summ.iter_rows(named=True):
             if r["router"] != "round_robin":

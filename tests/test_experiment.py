@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
+import threading
 import tomllib
 
 import polars as pl
@@ -14,9 +16,12 @@ from hypothesis import strategies as st
 from lbbench.cli import main
 from lbbench.cli.flags import FLAGS, user_message
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
-from lbbench.experiment import ConfigError, Reporter, RunConfig, iter_units, plan, run_experiment
+from lbbench.distributed import SerialExecutor
+from lbbench.experiment import ConfigError, Reporter, RunConfig, plan, run_experiment, simulate, works
+from lbbench.experiment.backends import LiveBackend, SimBackend, SimFleet
 from lbbench.experiment.rundir import RECORD_SCHEMA, TIMELINE_SCHEMA, read_run_toml
-from lbbench.experiment.runner import SimBackend, UnitResult
+from lbbench.experiment.runner import run_units
+from lbbench.experiment.units import UnitResult, run_unit
 from lbbench.profiles import load_profile
 
 V100 = load_profile("llama2-7b-v100")
@@ -97,28 +102,31 @@ def test_plan_is_variants_times_seeds_times_routers_with_unique_labels():
 
 
 class _CountingFleet:
-    """A backend of our own through the same runner: it records what the runner asks of it."""
+    """A fleet of our own under the one unit body: it records what the body asks of it."""
 
     def __init__(self, log):
         self.log = log
         self.num_instances = 2
 
     def prepare(self, requests):
-        self.log.append(("prepare", len(requests)))
+        self.log.append(("prepare", len(requests), requests))
 
-    def run(self, unit, requests, router, reporter):
+    def run(self, work, requests, router, reporter):
         from lbbench.core import RequestRecord
-        self.log.append(("run", unit.label, router.name))
-        recs = [RequestRecord.for_request(r, run_id="x", router=unit.router, seed=unit.seed, instance=0,
+        self.log.append(("run", work.label, router.name))
+        recs = [RequestRecord.for_request(r, run_id="x", router=work.unit.router, seed=work.unit.seed, instance=0,
                                           dispatch_s=r.arrival_s, first_token_s=r.arrival_s + 0.1,
                                           finish_s=r.arrival_s + 1.0, generated_tokens=r.output_tokens)
                 for r in requests]
-        return UnitResult(recs, [(0.0, 0, 1, 0, 0.5, 0)], unit.router != "jsq")
+        return UnitResult(recs, [(0.0, 0, 1, 0, 0.5, 0)], work.unit.router != "jsq")
 
 
-class _CountingBackend:
-    def __init__(self):
-        self.log = []
+class _CountingLiveBackend(LiveBackend):
+    """The live backend's own unit walk, on counting fleets in place of servers."""
+
+    def __init__(self, cfg, log):
+        super().__init__(cfg, V100, None, Reporter())
+        self.log = log
 
     @contextlib.contextmanager
     def fleet(self, variant):
@@ -127,18 +135,53 @@ class _CountingBackend:
         self.log.append(("close", variant.chunked_prefill))
 
 
-def test_iter_units_opens_one_fleet_per_variant_prepares_once_per_seed_and_stops_after_an_incomplete_unit():
-    cfg = RunConfig(routers=["round_robin", "least_requests", "jsq"], seeds=2, requests=20, rate_per_s=5.0,
+def test_a_live_run_opens_one_fleet_per_variant_and_stops_after_an_incomplete_unit():
+    cfg = RunConfig(routers=["round_robin", "least_requests"], seeds=2, requests=20, rate_per_s=5.0,
                     chunked_prefill=[False, True]).resolved()
-    backend = _CountingBackend()
-    out = list(iter_units(cfg, V100, backend))
-    assert [u.router for u, *_ in out] == ["round_robin", "least_requests", "jsq"]
-    assert backend.log == [("open", False), ("prepare", 20), ("run", "round_robin-seed0-chunked-off", "round_robin"),
-                           ("run", "least_requests-seed0-chunked-off", "least_requests"),
-                           ("run", "jsq-seed0-chunked-off", "jsq"), ("close", False)]
-    unit, df, tl, complete = out[-1]
-    assert not complete and df.height == 20 and df["router"].unique().to_list() == ["jsq"]
-    assert tl.columns[:7] == list(TIMELINE_SCHEMA) and tl["router"].to_list() == ["jsq"]
+    log, added = [], []
+    backend = _CountingLiveBackend(cfg, log)
+    assert run_units(works(cfg, V100, "r"), backend.run, backend.executor(None),
+                     lambda work, out: added.append((work.label, out)), Reporter())
+    backend.close()
+    assert [e for e in log if e[0] in ("open", "close")] == [("open", False), ("close", False), ("open", True),
+                                                             ("close", True)]
+    assert [label for label, _ in added] == [u.label for u in plan(cfg)]
+    # paired: every router of a seed is handed the very same requests, another seed other ones
+    prepared = [e[2] for e in log if e[0] == "prepare"]
+    assert len(prepared) == 8 and prepared[0] is prepared[1] and prepared[1] is not prepared[2]
+    # a unit that did not complete ends the walk: it is kept, nothing after it runs
+    cfg = RunConfig(routers=["round_robin", "jsq", "least_requests"], seeds=2, requests=20, rate_per_s=5.0).resolved()
+    log, added = [], []
+    backend = _CountingLiveBackend(cfg, log)
+    assert not run_units(works(cfg, V100, "r"), backend.run, SerialExecutor(),
+                         lambda work, out: added.append((work.label, out)), Reporter())
+    backend.close()
+    assert [e[1] for e in log if e[0] == "run"] == ["round_robin-seed0", "jsq-seed0"]
+    label, out = added[-1]
+    assert label == "jsq-seed0" and not out.complete and out.records.height == 20
+    assert out.records["router"].unique().to_list() == ["jsq"]
+    assert out.timeline.columns[:7] == list(TIMELINE_SCHEMA) and out.timeline["router"].to_list() == ["jsq"]
+    assert log[-1] == ("close", None)
+
+
+def test_the_unit_body_builds_the_frames_with_the_run_columns_and_the_units_progress():
+    cfg = RunConfig(requests=30, rate_per_s=5.0, routers=["round_robin"], rates=[5.0, 7.0]).resolved()
+    events = []
+
+    class Events(Reporter):
+        def unit_started(self, label, total):
+            events.append(("started", label, total))
+
+        def unit_progress(self, label, done, total):
+            events.append(("progress", label, total))
+
+    work = works(cfg, V100, "r")[1]
+    out = run_unit(work, SimFleet(work.cfg.instances), Events())
+    assert out.complete and out.notes == [] and out.records.height == 30
+    assert out.records["rate_per_s"].unique().to_list() == [7.0]
+    assert out.timeline["rate_per_s"].unique().to_list() == [7.0]
+    assert events[0] == ("started", "round_robin-seed0-rate7", 30)
+    assert events[-1] == ("progress", "round_robin-seed0-rate7", 30)
 
 
 # ------------------------------------------------------------------------------------------ sim and live
@@ -180,26 +223,34 @@ def test_sim_and_live_write_the_same_run_directory(tmp_path):
     assert partial == ["least_requests-seed0", "round_robin-seed0"]
 
 
-def test_a_sim_run_through_iter_units_is_deterministic():
+class _Loud(Reporter):
+    """A reporter that cannot be pickled (as the CLI's, which draws on this terminal)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+def test_a_simulated_run_is_deterministic_and_a_backend_sent_to_a_worker_reports_to_nobody():
     cfg = RunConfig(requests=60, rate_per_s=10.0, routers=["jsq"]).resolved()
-    a = [df for _, df, _, _ in iter_units(cfg, V100, SimBackend(cfg, V100, "r"))]
-    b = [df for _, df, _, _ in iter_units(cfg, V100, SimBackend(cfg, V100, "r"))]
-    assert a[0].equals(b[0])
+    a, b = simulate(cfg, V100, "r"), simulate(cfg, V100, "r")
+    assert len(a) == 1 and a[0].records.equals(b[0].records) and a[0].timeline.equals(b[0].timeline)
+    sent = pickle.loads(pickle.dumps(SimBackend(_Loud(), jobs=3)))
+    assert type(sent.reporter) is Reporter and sent.jobs == 3
 
 
 def test_an_interrupted_run_keeps_what_it_measured(tmp_path, monkeypatch):
-    from lbbench.experiment import runner
+    from lbbench.experiment import backends
 
-    real = runner.SimFleet.run
+    real = backends.SimFleet.run
     calls = []
 
-    def run(self, unit, requests, router, reporter):
-        calls.append(unit.router)
+    def run(self, work, requests, router, reporter):
+        calls.append(work.unit.router)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(self, unit, requests, router, reporter)
+        return real(self, work, requests, router, reporter)
 
-    monkeypatch.setattr(runner.SimFleet, "run", run)
+    monkeypatch.setattr(backends.SimFleet, "run", run)
     out = _run(RunConfig(requests=30, rate_per_s=5.0, routers=["round_robin", "jsq"]), tmp_path)
     assert not out.complete
     toml = tomllib.loads((tmp_path / "run.toml").read_text())

@@ -34,7 +34,8 @@ from typing import Any
 import polars as pl
 
 from .config import ConfigError, RunConfig
-from .runner import Reporter, run_experiment
+from .runner import run_experiment
+from .units import Reporter
 
 #: the classical heuristics the best one is chosen from (the paper's and production policies, and the gate)
 CLASSICAL: tuple[str, ...] = ("jsq", "least_requests", "power_of_two", "min_min", "mcu", "decode_balancer",

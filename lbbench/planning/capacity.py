@@ -5,7 +5,7 @@
 1. derive the profile in memory (``lbbench.profiling.derive``: model config x GPU table; physics-derived,
    not measured). A model that does not fit the GPU at that TP is skipped with one note.
 2. search (``search.min_instances``) for the smallest instance count whose SLO attainment meets the target.
-   Each count is evaluated by the project's one runner (``experiment.iter_units`` on the simulated backend)
+   Each count is evaluated by the project's one runner (``experiment.simulate``: the one unit body, simulated)
    on the same seeds, so every count sees exactly the same requests (paired seeds).
 3. report the count with its attainment, the attainment at one instance fewer, goodput and latencies, and,
    with prices, what the count costs.
@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import polars as pl
 
 from ..errors import InputError
-from ..experiment import RunConfig
+from ..experiment import RunConfig, simulate
 from ..profiles import Profile
 from ..reports.summary import Slo, completed_expr, derive, per_seed
 from .prices import cost_columns, load_prices, price_of
@@ -151,11 +151,9 @@ def point_metrics(df: pl.DataFrame, slo: Slo) -> dict[str, Any]:
 
 
 def evaluate_count(task: SearchTask, instances: int) -> dict[str, Any]:
-    """Simulate ``instances`` instances on every seed of the task (through ``iter_units``) -> point metrics."""
-    from ..experiment import iter_sim_runs
-
+    """Simulate ``instances`` instances on every seed of the task (through ``simulate``) -> point metrics."""
     cfg = replace(task.run, instances=instances)
-    frames = [df for df, _timeline in iter_sim_runs(cfg, task.profile, task.run_id)]
+    frames = [out.records for out in simulate(cfg, task.profile, task.run_id)]
     return point_metrics(pl.concat(frames, how="vertical_relaxed"), task.slo)
 
 

@@ -11,7 +11,8 @@ from polars.testing import assert_frame_equal
 
 from lbbench.distributed import Executor, ProcessExecutor, RayExecutor, SerialExecutor, UnitError
 from lbbench.experiment import Reporter, RunConfig, run_experiment
-from lbbench.experiment.parallel import sim_unit, sim_works
+from lbbench.experiment import works
+from lbbench.experiment.backends import SimBackend
 from lbbench.profiles import load_profile
 
 #: 2 rates x 2 routers x 2 instance schedulers x 2 seeds = 16 units
@@ -107,10 +108,10 @@ def test_a_unit_that_keeps_dying_is_named_and_the_rest_kept(tmp_path):
     assert kept.height == 3 * 120
 
 
-def test_sim_unit_is_the_serial_units_records(serial_run):
-    works = sim_works(SWEEP.resolved(), load_profile("llama2-7b-v100"), "fixed")
-    assert [w.label for w in works[:3]] == ["round_robin-seed0-fcfs-rate15", "jsq-seed0-fcfs-rate15",
+def test_one_unit_alone_is_the_serial_units_records(serial_run):
+    units = works(SWEEP.resolved(), load_profile("llama2-7b-v100"), "fixed")
+    assert [w.label for w in units[:3]] == ["round_robin-seed0-fcfs-rate15", "jsq-seed0-fcfs-rate15",
                                             "round_robin-seed1-fcfs-rate15"]
-    out = sim_unit(works[-1])  # the last unit alone, in a fresh cache
+    out = SimBackend().run(units[-1])  # the last unit alone
     serial = pl.read_parquet(serial_run / "requests.parquet")
     assert_frame_equal(out.records, serial.tail(120), check_exact=True)

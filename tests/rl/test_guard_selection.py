@@ -97,7 +97,7 @@ def test_scheduler_guard_routes_with_the_heuristic_on_engines_of_another_schedul
     assert other.route([head], view, 0.0).instance == 0 and other.num_fallbacks == 1
     forced = WorkloadGuidedRL(3, checkpoint=tmp_path, instance_scheduler="priority", gate=False)
     assert not forced.heuristic_only and forced.route([head], view, 0.0).instance == 2
-    from lbbench.experiment.runner import gate_note
+    from lbbench.experiment.units import gate_note
     assert "trained against fcfs engines and the run's are priority" in gate_note("wgrl", other)
 
 

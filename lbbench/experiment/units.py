@@ -1,0 +1,201 @@
+"""The plan of a run and the one body that runs a unit of it, simulated or live.
+
+A ``Unit`` is one router on one seed of one variant (arrival order × instance scheduler × chunked prefill); a
+``Work`` is a unit with everything needed to run it alone — the config of its rate (a load sweep's
+``cfg.sweep()`` entry), the profile, the run id — so that it can be pickled to a worker. ``works(cfg, ...)``
+lists every unit in run order (rate, variant, seed, router).
+
+``run_unit(work, fleet, reporter)`` is the only code that runs a unit: it builds and annotates the seed's
+requests (cached per process, so that consecutive units of one seed build them once, and every router of a seed
+sees the very same requests), makes the unit's router, notes a learned router that routes with its guidance
+heuristic, runs the unit on the ``Fleet`` a backend gives it (``lbbench.experiment.backends``) and builds the
+unit's frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import polars as pl
+
+from ..core import Request, RequestRecord
+from ..predict import Predictor, annotate, load_predictor
+from ..profiles import Profile
+from ..routers import get_router
+from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
+from .rundir import records_frame, timeline_frame
+from .workload import build_requests
+
+
+class Reporter:
+    """Where a run says how it goes (no-ops here; the CLI draws progress bars)."""
+
+    def unit_started(self, label: str, total: int) -> None: ...
+    def unit_progress(self, label: str, done: int, total: int) -> None: ...
+    def unit_finished(self, label: str) -> None: ...
+    def note(self, message: str, warning: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One router on one seed of one variant: the smallest thing a backend runs."""
+
+    variant: Variant
+    seed: int
+    router: str
+    label: str
+
+
+def unit_label(cfg: RunConfig, v: Variant, seed: int, router: str) -> str:
+    """``router-seedN[-ORDER][-SCHEDULER][-chunked-on|off]``: a unit's name (and its partial-records folder)."""
+    parts = [f"{router}-seed{seed}"]
+    if v.order:
+        parts.append(v.order)
+    if len(cfg.instance_schedulers) > 1:
+        parts.append(v.instance_scheduler)
+    if v.chunked_prefill is not None:
+        parts.append(f"chunked-{'on' if v.chunked_prefill else 'off'}")
+    return "-".join(parts)
+
+
+def plan_all(cfg: RunConfig) -> list[Unit]:
+    """Every unit of a (resolved) config, a load sweep's rates included (rate by rate)."""
+    return [u for c in cfg.sweep() for u in plan(c)]
+
+
+def plan(cfg: RunConfig) -> list[Unit]:
+    """Every unit of a (resolved) config, in run order."""
+    return [Unit(v, seed, name, unit_label(cfg, v, seed, name))
+            for v in cfg.variants() for seed in cfg.seed_list() for name in cfg.routers]
+
+
+@dataclass(frozen=True)
+class Work:
+    """One unit, self-contained (it is pickled to a worker)."""
+
+    cfg: RunConfig  # the config of this unit's rate (a load sweep's ``cfg.sweep()`` entry)
+    profile: Profile
+    run_id: str
+    unit: Unit
+    label: str  # the unit's label, with its rate in a load sweep
+
+
+def works(cfg: RunConfig, profile: Profile, run_id: str) -> list[Work]:
+    """Every unit of ``cfg`` as ``Work``, in run order (rate, variant, seed, router)."""
+    out = []
+    for c in cfg.sweep():
+        suffix = f"-rate{c.rate_per_s:g}" if cfg.rates else ""
+        out += [Work(c, profile, run_id, u, u.label + suffix) for u in plan(c)]
+    return out
+
+
+def run_columns(cfg: RunConfig, profile: Profile, v: Variant) -> dict[str, Any]:
+    """The run-level columns of every request row of a variant."""
+    chunked = profile.chunked_prefill if v.chunked_prefill is None else v.chunked_prefill
+    return {
+        "profile": profile.name, "workload": workload_label(cfg), "num_instances": cfg.instances,
+        "instance_scheduler": v.instance_scheduler, "chunked_prefill": bool(chunked),
+        "order": v.order, "rate_per_s": cfg.rate_per_s, "backend": cfg.backend,
+    }
+
+
+def timeline_columns(unit: Unit, cols: dict[str, Any]) -> dict[str, Any]:
+    return {"router": unit.router, "seed": unit.seed, "order": unit.variant.order,
+            "instance_scheduler": unit.variant.instance_scheduler, "chunked_prefill": cols["chunked_prefill"],
+            "rate_per_s": cols["rate_per_s"]}
+
+
+@dataclass
+class UnitResult:
+    """What a fleet measured of one unit."""
+
+    records: list[RequestRecord]
+    #: per-instance samples: (time_s, instance, running, waiting, kv_usage, preemptions[, prefix hit rate])
+    timeline: Sequence[tuple] | pl.DataFrame = ()
+    complete: bool = True
+    #: more per-record columns, in ``records`` order (live load workers: ``load_worker``, ``clock_offset_s``)
+    columns: dict[str, list] = field(default_factory=dict)
+
+
+@dataclass
+class UnitOutput:
+    """One unit's frames, as the run directory takes them."""
+
+    records: pl.DataFrame
+    timeline: pl.DataFrame | None
+    complete: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+class Fleet(Protocol):
+    """The instances a unit runs on (simulated instances; attached endpoints; or launched vLLM servers)."""
+
+    num_instances: int
+
+    def prepare(self, requests: list[Request]) -> None:
+        """Called before each unit with its seed's requests (live: build their text prompts, once per seed)."""
+
+    def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult: ...
+
+
+def gate_note(name: str, router: Any) -> str:
+    """What to tell a user whose learned router's checkpoint routes with its guidance heuristic
+    (the network did not beat it on the validation gate's workloads), so that no one reads the
+    heuristic's numbers as the network's."""
+    v = router.policy.meta.get("validation") or {}
+    mismatch = getattr(router, "scheduler_mismatch", None)
+    if mismatch and router.policy.meta.get("gate") != "heuristic":
+        seen = (f": its network was trained against {mismatch[0]} engines and the run's are {mismatch[1]} "
+                "(train one with --instance-scheduler)")
+    else:
+        seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
+                f"heuristic {v['heuristic_e2e_s']:.1f} s" if v else "")
+    return (f"{name}: checkpoint {router.checkpoint} routes with its guidance heuristic (least mixing penalty)"
+            f"{seen}; --router-opt {name}.gate=false routes with the network")
+
+
+def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int, chunked_prefill: bool) -> Any:
+    """The router of one unit, with its options (a learned router's checkpoint for the engine mode)."""
+    opts = dict(cfg.router_options.get(unit.router, {}))
+    if unit.router in LEARNED_ROUTERS:
+        if "checkpoint" not in opts:
+            opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
+        opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)  # the scheduler guard
+    return get_router(unit.router, num_instances=num_instances, seed=unit.seed, profile=profile, **opts)
+
+
+#: the last seed's annotated requests and the last predictor, per process (a worker runs consecutive units)
+_requests_cache: dict[tuple, list[Request]] = {}
+_predictor_cache: dict[tuple, Predictor] = {}
+
+
+def seed_requests(work: Work) -> list[Request]:
+    """The annotated requests of a unit's seed: the same list for every unit of that seed in this process."""
+    cfg, v = work.cfg, work.unit.variant
+    key = (repr(cfg), repr(work.profile), work.unit.seed, v.order)
+    if key not in _requests_cache:
+        _requests_cache.clear()
+        pkey = (cfg.predictor, repr(work.profile), cfg.seed)
+        if pkey not in _predictor_cache:
+            _predictor_cache.clear()
+            _predictor_cache[pkey] = load_predictor(cfg.predictor, profile=work.profile, seed=cfg.seed)
+        _requests_cache[key] = annotate(build_requests(cfg, work.profile, work.unit.seed, v.order),
+                                        _predictor_cache[pkey])
+    return _requests_cache[key]
+
+
+def run_unit(work: Work, fleet: Fleet, reporter: Reporter) -> UnitOutput:
+    """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
+    cfg, profile, unit = work.cfg, work.profile, work.unit
+    cols = run_columns(cfg, profile, unit.variant)
+    reqs = seed_requests(work)
+    fleet.prepare(reqs)
+    router = make_router(cfg, profile, unit, fleet.num_instances, cols["chunked_prefill"])
+    notes = [gate_note(unit.router, router)] if getattr(router, "heuristic_only", False) else []
+    reporter.unit_started(work.label, len(reqs))
+    res = fleet.run(work, reqs, router, reporter)
+    frame = records_frame(res.records, cols)
+    if res.columns:
+        frame = frame.with_columns([pl.Series(k, v) for k, v in res.columns.items()])
+    return UnitOutput(frame, timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete, notes)
