@@ -10,7 +10,10 @@ healthy instances, or defer. ``reorder=True``: any of the ``k`` oldest and the `
 output tokens) queued requests to any healthy instance, or defer. The base policy's own action is always a
 candidate, evaluated by letting the base policy itself run the fork from this epoch on.
 
-**Base policy** (``base``): a registered router name, ``backfill_gate`` (default) or ``gate``. Both are
+**Base policy** (``base``): a registered router name (on a mixed fleet a capacity-aware one such as
+``least_work_speed`` or ``jsq_speed``), ``best``, ``backfill_gate`` (default) or ``gate``. ``best`` runs
+each base of ``best_of`` on a fork of the simulator from the start of the run to the end (exact, oracle) and
+keeps the one with the lowest total E2E for the whole run (one extra episode per base). ``backfill_gate`` and ``gate`` are
 ``late_binding_srpt`` with ``order=fcfs, kv_slack=0, calibrate=False``, a gate on projected KV footprint:
 ``backfill_gate`` is the hand-set gate of the headroom tables (when the head fits nowhere it dispatches the
 oldest of the 16 oldest that fits, so *its* action may be a request behind the head; the best cheap heuristic
@@ -23,11 +26,14 @@ requests in scope are those in the system now (router queue and instances) and t
 A request that finishes by ``T`` costs ``finish - max(arrival, now)``; one still unfinished at ``T`` costs
 ``T - max(arrival, now)`` plus an estimate of what it still waits: the unfinished requests are served as a
 fluid FIFO queue (in arrival order) by the cluster, each needing its remaining prefill (prompt tokens not yet
-computed, times the profile's per-token prefill time) and decode work (output tokens not yet generated, times
-one per-token decode cost for the whole run, ``decode_token_s``: a full batch's step time over its size, so
-that where a request sits never makes its work look cheaper), ``num_instances`` instance-seconds of work per
-second; a request's estimate is
-the cumulative work up to and including it divided by ``num_instances``. Latency before the decision is
+computed, times the per-token prefill time) and decode work (output tokens not yet generated, times one
+per-token decode cost for the whole run, ``decode_token_s``: a full batch's step time over its size, so
+that where a request sits in a batch never makes its work look cheaper), ``num_instances`` instance-seconds
+of work per second; a request's estimate is the cumulative work up to and including it divided by
+``num_instances``. Each instance charges its own costs (``instance_costs``: from its own profile): a request
+on an instance is charged that instance's per-token costs, a request still at the router the fleet's (the
+harmonic mean over the instances, so that the fleet's throughput is theirs summed); on a uniform fleet
+these are one profile's costs. Latency before the decision is
 sunk (the same for every candidate) and is left out. With ``horizon_s=inf`` ("until done") every request
 finishes in the fork, no estimate is used, and the cost is exact: with exact rollouts the planner is never
 worse than its base policy (the rollout policy-improvement property, tested).
@@ -50,8 +56,9 @@ instance's outstanding or prefilling count; arrivals behind the head do not re-p
 passes (``refresh_s=0``: re-plan at every epoch, the exact mode the property test uses).
 
 **The simulator's public face.** Forks are driven only through ``ClusterSim``'s rollout API (``clone``,
-``set_router``, ``send``, ``run_until``, ``pending_work``) and the dispatcher's ``guard``; the decode cost per
-token of the estimate is kept here, per simulator, and handed to its forks.
+``set_router``, ``send``, ``run_until``, ``pending_work``) and the dispatcher's ``guard``; the per-token costs
+of the estimate are read from the simulator's ``profiles`` (the planner is an oracle), kept here per
+simulator and handed to its forks.
 
 ``plan_action(sim, ...)`` is the same decision as a pure function of a simulator at a decision epoch, for
 use as a teacher (imitation learning) outside a run.
@@ -61,8 +68,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass, fields
-from typing import Any, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -104,6 +111,8 @@ class LookaheadParams:
     dispatch one of the 16 oldest past a head that fits nowhere), ``gate`` (the same gate strictly head of
     line) or a registered router name. Default ``backfill_gate``: the planner then starts from the best cheap
     heuristic measured on this setup (``gate`` alone gives about two thirds of its gain)."""
+    best_of: tuple[str, ...] = ("backfill_gate", "least_work_speed", "jsq_speed", "mcu")
+    """With ``base=best``: the bases tried (a tuple or a comma-separated string of names)."""
     k: int = 2
     """With ``reorder``: how many of the oldest and of the shortest queued requests are candidates."""
     refresh_s: float = 0.2
@@ -152,6 +161,12 @@ def _params(options: dict[str, Any]) -> LookaheadParams:
                 raise PlannerError(f"lookahead: {name} {opts[name]!r} is not a number of seconds") from None
             if not opts[name] >= 0:
                 raise PlannerError(f"lookahead: {name} {opts[name]!r} must be >= 0")
+    if "best_of" in opts:
+        b = opts["best_of"]
+        names = tuple(x.strip() for x in b.split(",") if x.strip()) if isinstance(b, str) else tuple(b)
+        if not names or "best" in names:
+            raise PlannerError(f"lookahead: best_of {b!r} must name one or more bases (not best)")
+        opts["best_of"] = names
     if "k" in opts and (not isinstance(opts["k"], int) or opts["k"] < 1):
         raise PlannerError(f"lookahead: k {opts['k']!r} must be an integer >= 1")
     if "reorder" in opts and not isinstance(opts["reorder"], bool):
@@ -169,7 +184,40 @@ def make_base(base: str, num_instances: int, seed: int, profile: Profile | None)
                           **BACKFILL_GATE_OPTIONS)
     if base == "lookahead":
         raise PlannerError("lookahead: base cannot be lookahead itself")
+    if base == "best":
+        raise PlannerError("lookahead: base best is resolved on the simulator first (resolve_base)")
     return get_router(base, num_instances=num_instances, seed=seed, profile=profile)
+
+
+def check_base(params: "LookaheadParams", num_instances: int, seed: int, profile: Profile | None) -> None:
+    """Fail early on a base (or a ``best_of`` entry) that cannot be built."""
+    for b in (params.best_of if params.base == "best" else (params.base,)):
+        make_base(b, num_instances, seed, profile)
+
+
+def base_costs(sim: ClusterSim, bases: Sequence[str], seed: int = 0,
+               pending: Sequence[tuple[Request, int]] = ()) -> dict[str, float]:
+    """Total E2E from ``sim``'s current time (sunk latency left out) of each base run on its own fork to the end
+    of the episode (after the ``pending`` dispatches of this epoch): the exact cost of following that base from
+    here."""
+    out = {}
+    for b in bases:
+        fork = sim.clone()
+        now, first = fork.now_s, len(fork.records)
+        fork.set_router(make_base(b, fork.num_instances, seed, fork.profile))
+        fork.send(list(pending) + fork.dispatcher.decide(now))
+        out[b] = _rollout(fork, now, math.inf, first, instance_costs(sim))[0]
+    return out
+
+
+def resolve_base(sim: ClusterSim, params: "LookaheadParams", seed: int = 0,
+                 pending: Sequence[tuple[Request, int]] = ()) -> "LookaheadParams":
+    """``params`` with ``base=best`` replaced by the base of ``best_of`` cheapest from ``sim``'s current time
+    (``base_costs``; the first on a tie); other bases unchanged."""
+    if params.base != "best":
+        return params
+    costs = base_costs(sim, params.best_of, seed, pending)
+    return replace(params, base=min(params.best_of, key=lambda b: costs[b]))
 
 
 # ------------------------------------------------------------------------------------------------ rollouts
@@ -189,33 +237,84 @@ def _candidates(queue: Sequence[Request], view: ClusterView, reorder: bool, k: i
     return [None] + [Decision(q, i) for q in picks for i in healthy]
 
 
-#: ``decode_token_s`` of each simulator planned on (computed once per episode; forks are given it)
-_TOKEN_S: "weakref.WeakKeyDictionary[ClusterSim, float]" = weakref.WeakKeyDictionary()
+class InstanceCosts(NamedTuple):
+    """Per-token costs of the estimate, in seconds of an instance's time (``instance_costs``)."""
+
+    prefill_token_s: tuple[float, ...]
+    """Per instance: its profile's prefill time per token."""
+    decode_token_s: tuple[float, ...]
+    """Per instance: ``decode_token_s`` of its profile."""
+    queued_prefill_token_s: float
+    """For a request still at the router: the fleet's (harmonic mean over the instances)."""
+    queued_decode_token_s: float
+
+
+#: ``instance_costs`` of each simulator planned on (computed once per episode; forks are given it)
+_COSTS: "weakref.WeakKeyDictionary[ClusterSim, InstanceCosts]" = weakref.WeakKeyDictionary()
+
+
+def _profile_decode_token_s(prof: Profile, mean_tokens: float) -> float:
+    n = min(float(prof.max_num_seqs), max(1.0, prof.kv_capacity_tokens / max(1.0, mean_tokens)))
+    return (prof.base_s + prof.decode_seq_s * n + prof.context_token_s * 0.5 * prof.kv_capacity_tokens) / n
+
+
+def _fleet_cost(per_instance: Sequence[float]) -> float:
+    """The cost per token of the fleet as one: the harmonic mean (one instance's value on a uniform fleet)."""
+    first = per_instance[0]
+    if all(x == first for x in per_instance):
+        return first
+    return len(per_instance) / sum(1.0 / x if x > 0 else math.inf for x in per_instance)
+
+
+def instance_costs(sim: ClusterSim) -> InstanceCosts:
+    """Each instance's per-token costs, from its own profile (``sim.profiles``), one constant per simulator.
+    Decode: the batch that fills the instance's KV cache with requests of the workload's mean size (at most
+    ``max_num_seqs``), its step time over its size. The same for every request and every candidate on an
+    instance, so the estimate rewards real progress (tokens made, no recompute) and never where a request
+    happens to sit in a batch."""
+    cached = _COSTS.get(sim)
+    if cached is not None:
+        return cached
+    reqs = sim.requests
+    mean_tokens = (sum(r.prompt_tokens + 0.5 * r.output_tokens for r in reqs) / len(reqs)) if reqs else 1.0
+    memo: dict[int, tuple[float, float]] = {}
+    pre, dec = [], []
+    for prof in getattr(sim, "profiles", None) or [sim.profile] * sim.num_instances:
+        c = memo.get(id(prof))
+        if c is None:
+            c = memo[id(prof)] = (prof.prefill_token_s, _profile_decode_token_s(prof, mean_tokens))
+        pre.append(c[0])
+        dec.append(c[1])
+    costs = InstanceCosts(tuple(pre), tuple(dec), _fleet_cost(pre), _fleet_cost(dec))
+    _COSTS[sim] = costs
+    return costs
 
 
 def decode_token_s(sim: ClusterSim) -> float:
-    """Instance-seconds per decode token of a full batch on this workload, one constant per simulator: the
-    batch that fills the KV cache with requests of the workload's mean size (at most ``max_num_seqs``), its
-    step time over its size. The same for every request and every candidate, so the estimate rewards real
-    progress (tokens made, no recompute) and never where a request happens to sit."""
-    cached = _TOKEN_S.get(sim)
-    if cached is not None:
-        return cached
-    prof = sim.profile
-    reqs = sim.requests
-    mean_tokens = (sum(r.prompt_tokens + 0.5 * r.output_tokens for r in reqs) / len(reqs)) if reqs else 1.0
-    n = min(float(prof.max_num_seqs), max(1.0, prof.kv_capacity_tokens / max(1.0, mean_tokens)))
-    tau = (prof.base_s + prof.decode_seq_s * n + prof.context_token_s * 0.5 * prof.kv_capacity_tokens) / n
-    _TOKEN_S[sim] = tau
-    return tau
+    """Instance-seconds per decode token of the fleet as one (``instance_costs``): on a uniform fleet a full
+    batch's step time over its size."""
+    return instance_costs(sim).queued_decode_token_s
 
 
-def _unfinished_estimate_s(sim: ClusterSim, now_s: float, end_s: float, tau: float) -> tuple[float, int]:
+def _as_costs(sim: ClusterSim, tau: "float | InstanceCosts | None") -> InstanceCosts:
+    if tau is None:
+        return instance_costs(sim)
+    if isinstance(tau, InstanceCosts):
+        return tau
+    a = sim.profile.prefill_token_s  # one decode cost for the whole fleet, one profile's prefill cost
+    m = sim.num_instances
+    return InstanceCosts((a,) * m, (float(tau),) * m, a, float(tau))
+
+
+def _unfinished_estimate_s(sim: ClusterSim, now_s: float, end_s: float, costs: InstanceCosts
+                           ) -> tuple[float, int]:
     """Time-in-system within the horizon plus the fluid-FIFO estimate of every unfinished request (see the
-    module docstring), and how many requests that is. ``tau``: ``decode_token_s``."""
-    a = sim.profile.prefill_token_s
+    module docstring), and how many requests that is."""
+    pre, dec = costs.prefill_token_s, costs.decode_token_s
+    qa, qtau = costs.queued_prefill_token_s, costs.queued_decode_token_s
     rows: list[tuple[float, float]] = []  # (arrival, remaining work in instance-seconds)
-    for _, r, comp, gen in sim.pending_work():
+    for i, r, comp, gen in sim.pending_work():
+        a, tau = (qa, qtau) if i is None else (pre[i], dec[i])
         work = max(0, r.prompt_tokens + gen - comp) * a + max(0, r.output_tokens - gen) * tau
         rows.append((r.arrival_s, work))
     if not rows:
@@ -228,13 +327,14 @@ def _unfinished_estimate_s(sim: ClusterSim, now_s: float, end_s: float, tau: flo
 
 
 def rollout_cost(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int,
-                 tau: float | None = None) -> float:
+                 tau: "float | InstanceCosts | None" = None) -> float:
     """Sum of E2E latency from ``now_s`` of every request in scope of a fork rolled forward to the horizon
-    (``tau``: the decode cost per token of the estimate, default ``decode_token_s(sim)``)."""
-    return _rollout(sim, now_s, horizon_s, first_record, decode_token_s(sim) if tau is None else tau)[0]
+    (``tau``: the per-token costs of the estimate, default ``instance_costs(sim)``; a number: one decode
+    cost per token for every instance)."""
+    return _rollout(sim, now_s, horizon_s, first_record, _as_costs(sim, tau))[0]
 
 
-def _rollout(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int, tau: float
+def _rollout(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int, costs: InstanceCosts
              ) -> tuple[float, int]:
     """(cost, requests in scope) of a fork rolled forward to ``now_s + horizon_s``."""
     end_s = now_s + horizon_s
@@ -247,7 +347,7 @@ def _rollout(sim: ClusterSim, now_s: float, horizon_s: float, first_record: int,
         cost += done_s - max(rec.arrival_s, now_s)
     n = len(recs) - first_record
     if not sim.done:
-        c, m = _unfinished_estimate_s(sim, now_s, end_s, tau)
+        c, m = _unfinished_estimate_s(sim, now_s, end_s, costs)
         cost += c
         n += m
     return cost, n
@@ -291,11 +391,11 @@ def evaluate(sim: ClusterSim, action: Decision | None, *, pending: Sequence[tupl
     """Cost of taking ``action`` at ``sim``'s current epoch (after the ``pending`` dispatches already decided
     in it) and following a fresh base policy after. ``as_base``: let the base policy make this epoch's
     decision itself (the rollout of the base's own action)."""
-    return _evaluate(sim, action, pending, params, seed, as_base, params.horizon_s, decode_token_s(sim))[0]
+    return _evaluate(sim, action, pending, params, seed, as_base, params.horizon_s, instance_costs(sim))[0]
 
 
 def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[Request, int]],
-              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: float
+              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: InstanceCosts
               ) -> tuple[float, int]:
     fork = sim.clone()
     now = fork.now_s
@@ -316,7 +416,7 @@ def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[
 
 def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
                 k: int = 2, pending: Sequence[tuple[Request, int]] = (), seed: int = 0, margin_s: float = 0.05,
-                screen_s: float = 1.0) -> Decision | None:
+                screen_s: float = 1.0, best_of: Sequence[str] | None = None) -> Decision | None:
     """The planner's action at ``sim``'s current decision epoch: ``Decision(queue_index, instance)`` or
     ``None`` (defer). A pure function: ``sim`` is forked, never advanced.
 
@@ -324,11 +424,17 @@ def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.
     requests in ``sim.queue``). ``pending``: dispatches already decided in this epoch and not yet sent (the
     router passes the dispatcher's; a step-wise caller has none). Options as ``LookaheadParams``, except the
     base: ``gate`` (strictly head of line) by default, so that with ``reorder=False`` the action is always the
-    head of the queue (a teacher in the paper's action space reads only its instance).
+    head of the queue (a teacher in the paper's action space reads only its instance). ``base="best"`` is
+    resolved at every call (``resolve_base``: one episode per base of ``best_of``).
     """
-    params = LookaheadParams(reorder=reorder, horizon_s=horizon_s, base=base, k=k, margin_s=margin_s,
-                             screen_s=screen_s)
-    return _plan(sim, params, pending, seed)[0]
+    opts: dict[str, Any] = dict(reorder=reorder, horizon_s=horizon_s, base=base, k=k, margin_s=margin_s,
+                                screen_s=screen_s)
+    if best_of is not None:
+        opts["best_of"] = best_of
+    params = _params(opts)
+    if params.base == "best" and not sim.dispatcher.queue:
+        return None
+    return _plan(sim, resolve_base(sim, params, seed, pending), pending, seed)[0]
 
 
 def _margin(params: LookaheadParams, horizon_s: float) -> float:
@@ -342,7 +448,7 @@ def _plan(sim: ClusterSim, params: LookaheadParams, pending: Sequence[tuple[Requ
     queue = sim.dispatcher.queue
     if not queue:
         return None, 0, False
-    tau = decode_token_s(sim)  # computed once per simulator; its forks are given it
+    tau = instance_costs(sim)  # computed once per simulator; its forks are given it
     view = sim.state.view(detail=True)
     base = make_base(params.base, sim.num_instances, seed, sim.profile)
     base_action = base.route(queue, view, sim.now_s)
@@ -383,8 +489,9 @@ class LookaheadRouter:
     deployable = False
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None, **options: Any):
-        self.params = _params(options)
-        make_base(self.params.base, num_instances, seed, profile)  # fail early on a bad base
+        self.params = self.requested = _params(options)  # params: with base=best, the base chosen at bind
+        check_base(self.params, num_instances, seed, profile)  # fail early on a bad base
+        self.base_costs: dict[str, float] = {}  # with base=best: each base's cost when the run was bound
         self.num_instances = num_instances
         self.seed = seed
         self.profile = profile
@@ -396,9 +503,14 @@ class LookaheadRouter:
         self._idle_s = -math.inf
 
     def bind_simulator(self, sim: ClusterSim) -> None:
-        """The simulator calls this before a run: the planner forks it at each decision."""
+        """The simulator calls this before a run: the planner forks it at each decision. With ``base=best``
+        the base is chosen here, on forks of the simulator run to the end (``resolve_base``)."""
         self.sim = sim
         self._idle_sig = None
+        prm = self.requested
+        if prm.base == "best":
+            self.base_costs = base_costs(sim, prm.best_of, self.seed)
+            self.params = replace(prm, base=min(prm.best_of, key=lambda b: self.base_costs[b]))
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         sim = self.sim

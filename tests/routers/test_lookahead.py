@@ -181,3 +181,81 @@ def test_a_margin_keeps_the_base_policys_action():
         assert got == want
     with pytest.raises(PlannerError, match="margin_s"):
         LookaheadRouter(num_instances=2, profile=profile, margin_s=-0.1)
+
+
+# ------------------------------------------------------------------------------------------------ mixed fleets
+
+
+def _mixed_pair():
+    """An A100-like and an L4-like instance, scaled down: the second's steps cost about three times as much
+    and its KV cache is half the first's."""
+    fast = tiny_profile(name="fast", base_s=0.005, prefill_token_s=5e-5, decode_seq_s=5e-5, context_token_s=5e-7,
+                        num_kv_blocks=96, min_step_s=0.005)
+    slow = tiny_profile(name="slow", base_s=0.015, prefill_token_s=1.5e-4, decode_seq_s=1.5e-4,
+                        context_token_s=1.5e-6, num_kv_blocks=48, min_step_s=0.015)
+    return fast, slow
+
+
+def test_each_instance_charges_its_own_per_token_costs():
+    from lbbench.routers.lookahead import decode_token_s, instance_costs, rollout_cost
+    fast, slow = _mixed_pair()
+    reqs = [req(0, 0.0, 40, 60), req(1, 0.0, 40, 60)]
+    sim = ClusterSim(None, 2, reqs, profiles=[fast, slow])
+    costs = instance_costs(sim)
+    assert costs.prefill_token_s == (5e-5, 1.5e-4)
+    assert costs.decode_token_s[1] > 2.5 * costs.decode_token_s[0]
+    # a request still at the router: the fleet's harmonic mean
+    assert costs.queued_decode_token_s == pytest.approx(2 / (1 / costs.decode_token_s[0] + 1 / costs.decode_token_s[1]))
+    assert decode_token_s(sim) == costs.queued_decode_token_s
+    # uniform fleet: one profile's cost everywhere, as before fleets
+    uni = ClusterSim(fast, 2, reqs)
+    u = instance_costs(uni)
+    assert u.decode_token_s == (u.queued_decode_token_s,) * 2 and u.prefill_token_s == (5e-5, 5e-5)
+    # the same request left unfinished costs more on the slow instance, by its own costs: nothing runs in a
+    # horizon of 0, so the estimate is the fluid one, (40 * a_i + 60 * tau_i) / 2 for the one request on i
+    for i in (0, 1):
+        s = ClusterSim(None, 2, reqs[:1], profiles=[fast, slow])
+        s.advance(0.0)
+        s.dispatch(0, i)
+        want = (40 * costs.prefill_token_s[i] + 60 * costs.decode_token_s[i]) / 2
+        assert rollout_cost(s, 0.0, 1e-9, 0) == pytest.approx(want + 1e-9)
+
+
+def _mixed_requests(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / 60.0, n))
+    return [req(i, float(t[i]), int(rng.integers(4, 60)), int(rng.integers(2, 80))) for i in range(n)]
+
+
+def test_exact_rollouts_improve_on_their_base_on_a_mixed_fleet():
+    """Policy improvement on a fleet of one fast and one slow instance, 100 requests, the same requests and
+    seed for the planner and its base alone."""
+    base = "jsq_speed"
+    fast, slow = _mixed_pair()
+    reqs = _mixed_requests(100, seed=7)
+    alone = ClusterSim(None, 2, reqs, profiles=[fast, slow], seed=0).run(get_router(base, num_instances=2))
+    planner = LookaheadRouter(num_instances=2, base=base, horizon_s="done", refresh_s=0.0, screen_s=0.0)
+    planned = ClusterSim(None, 2, reqs, profiles=[fast, slow], seed=0).run(planner)
+    assert len(planned) == len(alone) == 100
+    assert _mean_e2e(planned) <= _mean_e2e(alone) + 1e-9
+    assert planner.num_replaced > 0
+
+
+def test_base_best_takes_the_cheapest_base_and_improves_on_it():
+    """``base=best`` runs each base to the end on a fork, keeps the cheapest, and then (exact rollouts) is no
+    worse than any of them."""
+    fast, slow = _mixed_pair()
+    reqs = _mixed_requests(80, seed=3)
+    bases = ("round_robin", "least_work_speed", "jsq_speed")
+    alone = {b: _mean_e2e(ClusterSim(None, 2, reqs, profiles=[fast, slow]).run(get_router(b, num_instances=2)))
+             for b in bases}
+    planner = LookaheadRouter(num_instances=2, base="best", best_of=",".join(bases), horizon_s="done",
+                              refresh_s=0.0, screen_s=0.0)
+    planned = ClusterSim(None, 2, reqs, profiles=[fast, slow]).run(planner)
+    assert planner.params.base == min(bases, key=alone.get)
+    assert {b: c / len(reqs) for b, c in planner.base_costs.items()} == pytest.approx(alone)
+    assert _mean_e2e(planned) <= min(alone.values()) + 1e-9
+    with pytest.raises(PlannerError, match="best_of"):
+        LookaheadRouter(num_instances=2, base="best", best_of="best")
+    with pytest.raises(ValueError):
+        LookaheadRouter(num_instances=2, base="best", best_of="no_such_router")
