@@ -123,7 +123,7 @@ class RateResult:
 
 def max_rate(evaluate: Callable[[float], float], target: float, start: float, *, rel_tol: float = 0.02,
              lo: float | None = None, hi: float | None = None, factor: float = 2.0,
-             max_probes: int = 40) -> RateResult:
+             max_probes: int = 40, digits: int | None = None) -> RateResult:
     """The highest arrival rate whose ``evaluate(rate)`` (an attainment in [0, 1]) meets ``target``.
 
     1. **Probe** exponentially from ``start``: up by ``factor`` while it meets (at most to ``hi``), or down by
@@ -135,7 +135,8 @@ def max_rate(evaluate: Callable[[float], float], target: float, start: float, *,
        points evaluated whatever the curve.
 
     Attainment is assumed to fall (weakly) as load grows; on a curve that does, the true threshold (the
-    supremum of meeting rates) lies in the bracket.
+    supremum of meeting rates) lies in the bracket. ``digits``: probe only rates rounded to that many
+    significant digits (readable run names); bisection also ends when the rounded midpoint is an end.
     """
     if not 0 < target <= 1:
         raise ValueError(f"attainment target {target:g} is outside (0, 1]")
@@ -146,6 +147,9 @@ def max_rate(evaluate: Callable[[float], float], target: float, start: float, *,
     if not 0 < lo_cap <= start <= hi_cap:
         raise ValueError(f"need 0 < lo <= start <= hi (lo {lo_cap:g}, start {start:g}, hi {hi_cap:g})")
     points: dict[float, float] = {}
+
+    def rounded(rate: float) -> float:
+        return rate if digits is None else float(f"{rate:.{digits}g}")
 
     def meets(rate: float) -> bool:
         if rate not in points:
@@ -158,7 +162,7 @@ def max_rate(evaluate: Callable[[float], float], target: float, start: float, *,
     if meets(rate):
         good = rate
         while good < hi_cap and len(points) < max_probes:
-            rate = min(good * factor, hi_cap)
+            rate = min(rounded(good * factor), hi_cap)
             if meets(rate):
                 good = rate
             else:
@@ -167,18 +171,21 @@ def max_rate(evaluate: Callable[[float], float], target: float, start: float, *,
     else:
         bad = rate
         while bad > lo_cap and len(points) < max_probes:
-            rate = max(bad / factor, lo_cap)
+            rate = max(rounded(bad / factor), lo_cap)
             if meets(rate):
                 good = rate
                 break
             bad = rate
     while good is not None and bad is not None and bad > good * (1 + rel_tol) and len(points) < max_probes:
-        mid = (good * bad) ** 0.5
+        mid = rounded((good * bad) ** 0.5)
+        if mid in (good, bad):
+            break
         if meets(mid):
             good = mid
         else:
             bad = mid
-    converged = good is not None and bad is not None and bad <= good * (1 + rel_tol)
+    converged = good is not None and bad is not None and (bad <= good * (1 + rel_tol)
+                                                          or rounded((good * bad) ** 0.5) in (good, bad))
     by_rate = dict(sorted(points.items()))
     falling = is_monotone({-r: a for r, a in by_rate.items()})  # non-increasing in the rate
     return RateResult(rate=good, bracket=(good, bad), attainment=None if good is None else points[good],

@@ -82,3 +82,10 @@ def test_a_clear_miss_stops_after_the_first_seed():
     calls: list[int] = []
     probe = sequential_attainment(lambda k: calls.append(k) or 0.2, 5, 0.95)
     assert calls == [0] and probe.stopped_early and not probe.met and probe.high == pytest.approx(0.84)
+
+
+def test_rounded_rates_still_bracket_the_threshold():
+    res = max_rate(_step(23.456), 0.95, 10.0, rel_tol=0.001, digits=3)
+    lo, hi = res.bracket
+    assert lo <= 23.456 < hi and res.converged
+    assert all(float(f"{r:.3g}") == r for r in res.points)
