@@ -176,7 +176,7 @@ def test_the_unit_body_builds_the_frames_with_the_run_columns_and_the_units_prog
             events.append(("progress", label, total))
 
     work = works(cfg, V100, "r")[1]
-    out = run_unit(work, SimFleet(work.cfg.instances), Events())
+    out = run_unit(work, SimFleet(work.instance_profiles()), Events())
     assert out.complete and out.notes == [] and out.records.height == 30
     assert out.records["rate_per_s"].unique().to_list() == [7.0]
     assert out.timeline["rate_per_s"].unique().to_list() == [7.0]

@@ -21,7 +21,8 @@ from ..reports.summary import Slo
 
 FLAGS: dict[str, str] = {
     # RunConfig
-    "profile": "--profile", "instances": "--instances", "instance_schedulers": "--instance-scheduler",
+    "profile": "--profile", "instances": "--instances", "fleet": "--fleet",
+    "instance_schedulers": "--instance-scheduler",
     "chunked_prefill": "--chunked-prefill", "prefix_caching": "--prefix-caching", "workload": "--workload",
     "trace": "--trace", "rate_per_s": "--rate", "rates": "--rate", "requests": "--requests", "orders": "--order",
     "seeds": "--seeds", "seed": "--seed", "burstiness": "--burstiness", "prompt_tokens": "--prompt-tokens",

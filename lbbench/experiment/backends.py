@@ -13,7 +13,8 @@ it holds (``close``); ``run_experiment`` asks nothing else of it.
   next variant (or ``close``). Its units run here, one after the other (``SerialExecutor``): a fleet of
   servers and their connections do not travel to a worker.
 
-Both give routers the profile's ``InstanceSpec`` (live: with the KV capacity the engine reports) and build
+Both give routers each instance's ``InstanceSpec`` from its fleet profile (live: with the KV capacity the engine
+reports, unless the endpoint was attached as ``URL@PROFILE``, whose profile is taken as it stands) and build
 records with ``RequestRecord.for_request`` under the unit's router label.
 """
 
@@ -33,7 +34,7 @@ from ..profiles import Profile
 from ..profiling.measure import MeasureError, engine_info
 from ..routers.priority import request_priority
 from ..sim.cluster import ClusterSim
-from .config import RunConfig, Variant
+from .config import RunConfig, Variant, split_endpoint
 from .rundir import RunDir
 from .units import Reporter, UnitOutput, UnitResult, Work, plan_all, run_unit
 
@@ -59,14 +60,18 @@ def backend_for(cfg: RunConfig, profile: Profile, run_dir: RunDir | None, report
 
 @dataclass
 class SimFleet:
-    num_instances: int
+    profiles: list[Profile]  # one per instance
+
+    @property
+    def num_instances(self) -> int:
+        return len(self.profiles)
 
     def prepare(self, requests: list[Request]) -> None:
         pass
 
     def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
         cfg, unit = work.cfg, work.unit
-        sim = ClusterSim(work.profile, self.num_instances, requests,
+        sim = ClusterSim(None, self.num_instances, requests, profiles=self.profiles,
                          instance_scheduler=unit.variant.instance_scheduler,
                          chunked_prefill=unit.variant.chunked_prefill, seed=unit.seed, run_id=work.run_id,
                          timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching)
@@ -87,7 +92,7 @@ class SimBackend:
 
     def run(self, work: Work) -> UnitOutput:
         """Run one simulated unit (``backend.run`` is what an executor sends to its workers)."""
-        return run_unit(work, SimFleet(work.cfg.instances), self.reporter)
+        return run_unit(work, SimFleet(work.instance_profiles()), self.reporter)
 
     def executor(self, given: Executor | None) -> Executor:
         return given if given is not None else get_executor(self.jobs)
@@ -106,6 +111,15 @@ class SimBackend:
 
 
 # ------------------------------------------------------------------------------------------------ live
+
+
+def live_specs(cfg: RunConfig, profile: Profile, urls: list[str]) -> list[InstanceSpec]:
+    """What routers may assume of each live instance: an attached ``URL@PROFILE``'s is that profile's spec as it
+    stands (the user vouches for it); any other's is its fleet profile's with the KV capacity its engine reports
+    (``live_spec``)."""
+    profiles = cfg.fleet_of(profile).profiles()
+    pinned = [split_endpoint(e)[1] is not None for e in cfg.endpoints] or [False] * len(urls)
+    return [p.instance_spec() if pin else live_spec(p, url) for p, pin, url in zip(profiles, pinned, urls)]
 
 
 def live_spec(profile: Profile, url: str) -> InstanceSpec:
@@ -168,7 +182,8 @@ class LiveFleet:
 
     def __post_init__(self) -> None:
         self.num_instances = len(self.endpoints)
-        self.specs = [live_spec(self.profile, url) for url in self.endpoints]
+        if not self.specs:
+            self.specs = [live_spec(self.profile, url) for url in self.endpoints]
         self._texts = prompt_text_builder(self.cfg, self.endpoints, self.reporter)
         self._prepared: list[Request] | None = None
         self._prompt_texts: dict[int, str] = {}
@@ -275,8 +290,9 @@ class LiveBackend:
 
         cfg = self.cfg
         if cfg.endpoints:
-            yield LiveFleet(cfg, self.profile, variant, self.run_dir, check_endpoints(cfg.endpoints),
-                            self.reporter, worker_rows=self.worker_rows)
+            urls = check_endpoints(cfg.endpoint_urls())
+            yield LiveFleet(cfg, self.profile, variant, self.run_dir, urls, self.reporter,
+                            specs=live_specs(cfg, self.profile, urls), worker_rows=self.worker_rows)
             return
         tag = "default" if variant.chunked_prefill is None else ("on" if variant.chunked_prefill else "off")
         self.reporter.note(f"launching {cfg.instances} x {cfg.launch_model} (chunked prefill {tag}) ...")
@@ -290,4 +306,4 @@ class LiveBackend:
             if self.placement is not None and self.run_dir is not None:
                 self.run_dir.note(placement=self.placement)
             yield LiveFleet(cfg, self.profile, variant, self.run_dir, list(eps), self.reporter,
-                            worker_rows=self.worker_rows)
+                            specs=live_specs(cfg, self.profile, list(eps)), worker_rows=self.worker_rows)

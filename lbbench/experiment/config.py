@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InputError
 
 if TYPE_CHECKING:
+    from ..fleet import Fleet
     from ..profiles import Profile
 
 WORKLOADS = ("paper-mix", "paper-classes", "poisson")
@@ -53,6 +54,11 @@ class RunConfig:
     """Profile name or TOML path: the simulated instance, and what routers may assume of a live one."""
     instances: int = 4
     """Simulated or launched instances (an attached fleet has one per endpoint)."""
+    fleet: str | None = None
+    """A mixed fleet, ``NAME_OR_PATH:COUNT[,NAME_OR_PATH:COUNT...]`` (``lbbench.fleet.parse_fleet``): instance
+    ``i`` runs the profile of the entry it falls in. None: ``instances`` x ``profile``, the uniform fleet.
+    ``resolved()`` sets ``profile`` to the first entry's (what legacy routers are given) and ``instances`` to
+    the fleet's size."""
     instance_schedulers: list[str] = field(default_factory=lambda: ["fcfs"])
     """Instance-level schedulers, each a variant (live: one, the servers' own)."""
     chunked_prefill: list[bool | None] = field(default_factory=lambda: [None])
@@ -125,9 +131,52 @@ class RunConfig:
     def live(self) -> bool:
         return bool(self.endpoints or self.launch_model)
 
+    def endpoint_urls(self) -> list[str]:
+        """The attached endpoints' URLs, without their ``@PROFILE`` (``split_endpoint``)."""
+        return [split_endpoint(e)[0] for e in self.endpoints]
+
+    def fleet_of(self, profile: Profile | None = None) -> Fleet:
+        """The fleet this config runs: ``fleet`` parsed; else, attached endpoints each with its ``@PROFILE`` (or
+        ``profile``); else ``instances`` x ``profile`` (``profile``: the loaded ``self.profile``, or a profile a
+        caller built in memory). Raises ``ConfigError`` naming ``fleet`` or ``endpoints``."""
+        from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
+        from ..profiles import ProfileError, load_profile
+
+        if self.fleet is not None:
+            try:
+                return parse_fleet(self.fleet)
+            except FleetError as exc:
+                raise ConfigError(str(exc).removeprefix("fleet: "), "fleet") from None
+        base = profile if profile is not None else load_profile(self.profile)
+        if not any(split_endpoint(e)[1] for e in self.endpoints):
+            return Fleet.uniform(base, self.instances)
+        entries: list[FleetEntry] = []
+        for text in self.endpoints:
+            url, ref = split_endpoint(text)
+            prof = base
+            if ref:
+                try:
+                    prof = load_profile(ref)
+                except ProfileError as exc:
+                    from ..profiles import available_profiles
+                    known = ", ".join(available_profiles())
+                    detail = (f"unknown profile {ref!r} (known: {known}; or a path to a .toml file)"
+                              if not Path(ref).is_file() else " ".join(str(exc).split()))
+                    raise ConfigError(f"{text}: {detail}", "endpoints") from None
+            if entries and entries[-1].profile == prof:
+                entries[-1] = FleetEntry(prof, entries[-1].count + 1)
+            else:
+                entries.append(FleetEntry(prof, 1))
+        try:
+            return Fleet(tuple(entries))
+        except FleetError as exc:
+            raise ConfigError(str(exc).removeprefix("fleet: "), "endpoints") from None
+
     # -------------------------------------------------------------------------------------- defaults
     def resolved(self) -> RunConfig:
         """This config with the defaults that depend on other fields filled in (idempotent)."""
+        from ..fleet import Fleet, FleetEntry
+
         cfg = replace(self, routers=list(self.routers), orders=list(self.orders), rates=list(self.rates),
                       router_options={k: dict(v) for k, v in self.router_options.items()})
         if cfg.requests is None and not cfg.trace:
@@ -139,6 +188,11 @@ class RunConfig:
         if cfg.workload == "paper-classes" and not cfg.trace and cfg.orders == [None]:
             from ..workloads import PAPER_CLASS_ORDERS
             cfg.orders = list(PAPER_CLASS_ORDERS)
+        if cfg.fleet is not None:
+            fleet = cfg.fleet_of()
+            first = fleet.entries[0].profile
+            cfg.profile = Fleet((FleetEntry(first, 1),)).spec().rpartition(":")[0]  # its shipped name, else path
+            cfg.instances = fleet.num_instances
         if cfg.endpoints:
             cfg.instances = len(cfg.endpoints)
         cfg.backend = "live" if cfg.live else "sim"
@@ -160,6 +214,12 @@ class RunConfig:
             raise ConfigError("give at least one router name", "routers")
         if self.instances < 1:
             raise ConfigError(f"{self.instances}: need at least one instance", "instances")
+        if self.fleet is not None and self.endpoints:
+            raise ConfigError("attached endpoints carry their profiles as URL@PROFILE, not a fleet spec", "fleet")
+        fleet = self.fleet_of(profile)
+        if fleet.num_instances != self.instances:
+            raise ConfigError(f"{fleet.spec()} has {fleet.num_instances} instances, the config "
+                              f"{self.instances}", "fleet")
         for s in self.instance_schedulers:
             if s not in INSTANCE_SCHEDULERS:
                 raise ConfigError(f"unknown {s!r} (choose from {', '.join(INSTANCE_SCHEDULERS)})",
@@ -268,6 +328,15 @@ class Variant:
     instance_scheduler: str
     chunked_prefill: bool | None
     order: str | None
+
+
+def split_endpoint(text: str) -> tuple[str, str | None]:
+    """``URL@PROFILE`` -> ``(URL, PROFILE)``; a bare ``URL`` -> ``(URL, None)``. The profile is what follows
+    the last ``@`` when a URL (``scheme://host...``) comes before it."""
+    url, sep, ref = text.rpartition("@")
+    if sep and "://" in url and url.split("://", 1)[1] and ref.strip():
+        return url, ref.strip()
+    return text, None
 
 
 def workload_label(cfg: RunConfig) -> str:

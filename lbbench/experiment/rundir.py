@@ -2,7 +2,8 @@
 
 A run directory holds
 
-- ``run.toml``: the resolved ``RunConfig`` under ``[config]``, the seeds, the profile, the git revision and
+- ``run.toml``: the resolved ``RunConfig`` under ``[config]``, the seeds, the profile (the first instance's),
+  the fleet under ``[fleet]`` (``Fleet.to_toml_dict``: its spec and one entry per profile), the git revision and
   library versions, ``complete`` (false while the run is going and after an interrupted one), ``wall_s``;
 - ``requests.parquet``: one row per request, every simulated and live run alike (``records_frame``);
 - ``timeline.parquet``: per-instance samples over time — simulated, or scraped from live ``/metrics``
@@ -31,6 +32,7 @@ import tomli_w
 
 from .. import __version__
 from ..core import RECORD_FIELDS, RequestRecord
+from ..fleet import Fleet
 from ..profiles import Profile
 from .config import RunConfig, workload_label
 
@@ -120,7 +122,7 @@ def _clean(x: Any) -> Any:
 
 
 def write_run_toml(path: Path, cfg: RunConfig, profile: Profile, run_id: str, complete: bool,
-                   extra: dict[str, Any] | None = None) -> None:
+                   extra: dict[str, Any] | None = None, fleet: Fleet | None = None) -> None:
     doc = {
         "run_id": run_id,
         "complete": complete,
@@ -132,6 +134,8 @@ def write_run_toml(path: Path, cfg: RunConfig, profile: Profile, run_id: str, co
         "profile_source": profile.source,
         "versions": versions(),
     }
+    if fleet is not None:
+        doc["fleet"] = _clean(fleet.to_toml_dict())
     if extra:
         doc.update(_clean(extra))
     path.write_text(tomli_w.dumps(doc))
@@ -169,23 +173,25 @@ def summarize_frames(frames: list[pl.DataFrame], by: Sequence[str], slo: Any = N
 class RunDir:
     """One run directory being written: ``start``, ``add`` each unit's frames, ``finish``."""
 
-    def __init__(self, path: Path | str, cfg: RunConfig, profile: Profile, run_id: str):
+    def __init__(self, path: Path | str, cfg: RunConfig, profile: Profile, run_id: str, fleet: Fleet | None = None):
         self.path = Path(path)
         self.cfg = cfg
         self.profile = profile
         self.run_id = run_id
+        self.fleet = fleet
         self.frames: list[pl.DataFrame] = []
         self.timelines: list[pl.DataFrame] = []
 
     def start(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False)
+        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, fleet=self.fleet)
 
     def note(self, **extra: Any) -> None:
         """Record ``extra`` in ``run.toml`` now, while the run is still incomplete (e.g. the cores launched
         servers were given, known before the first record); ``finish`` keeps it."""
         self.extra = {**getattr(self, "extra", {}), **extra}
-        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, extra=self.extra)
+        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, extra=self.extra,
+                       fleet=self.fleet)
 
     def partial_dir(self, label: str) -> Path:
         """Where a live unit appends its records as they complete."""
@@ -206,7 +212,8 @@ class RunDir:
         timeline = pl.concat(self.timelines, how="diagonal_relaxed") if self.timelines else None
         write_tables(self.path, df, timeline, summary)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,
-                       extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {})})
+                       extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {})},
+                       fleet=self.fleet)
         return summary
 
 

@@ -105,7 +105,7 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
     cfg.check(profile)
     reporter = reporter or Reporter()
     run_id = run_id or uuid.uuid4().hex[:12]
-    rd = RunDir(out_dir, cfg, profile, run_id)
+    rd = RunDir(out_dir, cfg, profile, run_id, cfg.fleet_of(profile))
     rd.start()
     t0 = time.perf_counter()
     backend = backend_for(cfg, profile, rd, reporter)

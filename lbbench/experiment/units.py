@@ -20,6 +20,7 @@ from typing import Any, Protocol, Sequence
 import polars as pl
 
 from ..core import Request, RequestRecord
+from ..fleet import Fleet
 from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
 from ..routers import get_router
@@ -75,26 +76,35 @@ class Work:
     """One unit, self-contained (it is pickled to a worker)."""
 
     cfg: RunConfig  # the config of this unit's rate (a load sweep's ``cfg.sweep()`` entry)
-    profile: Profile
+    profile: Profile  # the first instance's: what routers are constructed with (capacity-aware ones read specs)
     run_id: str
     unit: Unit
     label: str  # the unit's label, with its rate in a load sweep
+    fleet: Fleet | None = None  # one profile per instance (None: ``cfg.instances`` x ``profile``)
+
+    def instance_profiles(self) -> list[Profile]:
+        """One profile per instance, in instance order."""
+        return self.fleet.profiles() if self.fleet is not None else [self.profile] * self.cfg.instances
 
 
 def works(cfg: RunConfig, profile: Profile, run_id: str) -> list[Work]:
-    """Every unit of ``cfg`` as ``Work``, in run order (rate, variant, seed, router)."""
+    """Every unit of ``cfg`` as ``Work``, in run order (rate, variant, seed, router); each carries the fleet
+    (``cfg.fleet_of(profile)``)."""
+    fleet = cfg.fleet_of(profile)
     out = []
     for c in cfg.sweep():
         suffix = f"-rate{c.rate_per_s:g}" if cfg.rates else ""
-        out += [Work(c, profile, run_id, u, u.label + suffix) for u in plan(c)]
+        out += [Work(c, profile, run_id, u, u.label + suffix, fleet) for u in plan(c)]
     return out
 
 
-def run_columns(cfg: RunConfig, profile: Profile, v: Variant) -> dict[str, Any]:
-    """The run-level columns of every request row of a variant."""
+def run_columns(cfg: RunConfig, profile: Profile, v: Variant, fleet: Fleet | None = None) -> dict[str, Any]:
+    """The run-level columns of every request row of a variant (``profile``: the profile's name, or a mixed
+    fleet's label, ``a100x2+l4x2``; chunked prefill: the first instance's when the variant does not set it)."""
     chunked = profile.chunked_prefill if v.chunked_prefill is None else v.chunked_prefill
+    name = fleet.label if fleet is not None and not fleet.is_uniform else profile.name
     return {
-        "profile": profile.name, "workload": workload_label(cfg), "num_instances": cfg.instances,
+        "profile": name, "workload": workload_label(cfg), "num_instances": cfg.instances,
         "instance_scheduler": v.instance_scheduler, "chunked_prefill": bool(chunked),
         "order": v.order, "rate_per_s": cfg.rate_per_s, "backend": cfg.backend,
     }
@@ -156,7 +166,11 @@ def gate_note(name: str, router: Any) -> str:
 
 
 def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int, chunked_prefill: bool) -> Any:
-    """The router of one unit, with its options (a learned router's checkpoint for the engine mode)."""
+    """The router of one unit, with its options (a learned router's checkpoint for the engine mode).
+
+    ``profile`` is the first instance's: routers that take one profile assume it of every instance; a
+    capacity-aware router reads each instance's ``InstanceSpec`` (KV tokens, ``max_num_seqs``, speed), which
+    the fleet gives it, instead."""
     opts = dict(cfg.router_options.get(unit.router, {}))
     if unit.router in LEARNED_ROUTERS:
         if "checkpoint" not in opts:
@@ -185,17 +199,26 @@ def seed_requests(work: Work) -> list[Request]:
     return _requests_cache[key]
 
 
+def with_instance_profiles(frame: pl.DataFrame, profiles: Sequence[Profile]) -> pl.DataFrame:
+    """``frame`` with ``instance_profile``: the profile name of the instance each request went to (null for a
+    request never dispatched)."""
+    names = [p.name for p in profiles]
+    col = [names[i] if i is not None and 0 <= i < len(names) else None for i in frame["instance"].to_list()]
+    return frame.with_columns(pl.Series("instance_profile", col, dtype=pl.Utf8))
+
+
 def run_unit(work: Work, fleet: Fleet, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
-    cols = run_columns(cfg, profile, unit.variant)
+    cols = run_columns(cfg, profile, unit.variant, work.fleet)
     reqs = seed_requests(work)
     fleet.prepare(reqs)
     router = make_router(cfg, profile, unit, fleet.num_instances, cols["chunked_prefill"])
     notes = [gate_note(unit.router, router)] if getattr(router, "heuristic_only", False) else []
     reporter.unit_started(work.label, len(reqs))
     res = fleet.run(work, reqs, router, reporter)
-    frame = records_frame(res.records, cols)
+    notes += [str(n) for n in getattr(router, "run_notes", lambda: [])()]  # e.g. an online model still cold
+    frame = with_instance_profiles(records_frame(res.records, cols), work.instance_profiles())
     if res.columns:
         frame = frame.with_columns([pl.Series(k, v) for k, v in res.columns.items()])
     return UnitOutput(frame, timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete, notes)
