@@ -94,6 +94,14 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
               help="html: to DIR/plan.html with --out, else to stdout.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write points.jsonl, plan.json, plan.png and plan.html here.")
+@click.option("--mix", is_flag=True, default=False,
+              help="Search mixed fleets over the --gpu x --tp types too: the cheapest fleet meeting the target "
+                   "(by --price-file; without one, by GPU count) beside the cheapest uniform one, per router.")
+@click.option("--max-evaluations", type=int, default=60, show_default=True,
+              help="--mix: the most mixed fleets simulated per router (a capped search says so).")
+@click.option("--min-capacity", type=float, default=1.0, show_default=True,
+              help="--mix: skip mixes whose capacity share sum(count / (uniform count - 1)) is below this "
+                   "(1: a linear capacity model's bound; 0: every mix under the uniform cost).")
 @trace_transform_options
 def plan_cmd(**kw: Any) -> None:
     """How many instances of which GPU does this traffic need to meet its SLO?
@@ -107,6 +115,9 @@ def plan_cmd(**kw: Any) -> None:
           --model llama-3.1-8b --gpu a100-80gb,h100,l4
       lbbench plan --trace prod.parquet --rate 50 --slo ttft=1,tbt=0.05 --model llama-3.1-70b \\
           --gpu h100,a100-80gb --tp 2,4,8 --price-file prices.toml --format json --out runs/plan
+      lbbench plan --mix --workload paper-mix --rate 100 --slo ttft=2,tbt=0.1 --attainment 0.95 \\
+          --model llama-3.1-8b --gpu a100-80gb,h100,l4 --router round_robin,jsq_speed \\
+          --price-file examples/prices.example.toml
     """
     from ..planning import plan_capacity
     from ..planning.capacity import write_outcome
@@ -114,6 +125,9 @@ def plan_cmd(**kw: Any) -> None:
 
     cfg = plan_config_from_flags(kw)
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else None
+    if kw["mix"]:
+        _plan_mix(cfg, kw, out_dir)
+        return
     if out_dir is not None and (out_dir / "points.jsonl").exists():
         (out_dir / "points.jsonl").unlink()  # a fresh plan: points of an earlier one do not mix in
 
@@ -155,6 +169,46 @@ def plan_cmd(**kw: Any) -> None:
             Console().print(f"[dim]wrote {out_dir}/plan.json, plan.png, plan.html, points.jsonl[/dim]")
     if not plan.complete:
         sys.exit(130)
+
+
+def _plan_mix(cfg: Any, kw: dict[str, Any], out_dir: Path | None) -> None:
+    """``--mix``: the cheapest fleet per router (``planning.mix``), as a table or JSON (and ``DIR/mix.json``)."""
+    import json
+
+    from ..planning.mix import plan_mix, print_mix
+
+    if kw["fmt"] == "html":
+        raise InputError("--mix writes a table or JSON; give --format table or json", "format")
+    if kw["max_evaluations"] < 0:
+        raise InputError(f"{kw['max_evaluations']}: must be >= 0", "max_evaluations")
+    if not kw["min_capacity"] >= 0:
+        raise InputError(f"{kw['min_capacity']:g}: must be >= 0", "min_capacity")
+
+    def note(message: str) -> None:
+        err_console.print(message, highlight=False, soft_wrap=True)
+
+    def done(s: Any) -> None:
+        note(f"{s.router} {s.instance_scheduler}: {s.spec(s.best)} ({len(s.points)} fleets simulated, "
+             f"{s.wall_s:.1f} s)")
+
+    plan = plan_mix(cfg, max_evaluations=kw["max_evaluations"], min_capacity=kw["min_capacity"],
+                    profile_dir=None if out_dir is None else out_dir / "profiles", note=note, on_search=done)
+    doc = {"model": cfg.model, "rate_per_s": cfg.run.rate_per_s, "slo": kw["slo"], "attainment": cfg.attainment,
+           "price_file": cfg.price_file, "wall_s": round(plan.wall_s, 3), "skipped": plan.skipped,
+           "searches": [s.record() for s in plan.searches]}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "mix.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if kw["fmt"] == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    traffic = f"trace {cfg.run.trace}" if cfg.run.trace else cfg.run.workload
+    title = (f"{cfg.model}: cheapest fleet for {traffic} at {cfg.run.rate_per_s:g} req/s with "
+             f"{100 * cfg.attainment:g} % of requests within {Slo(**slo_limits(kw['slo'])).describe()}")
+    console = Console() if sys.stdout.isatty() else Console(width=220)
+    print_mix(plan, title, console)
+    console.print(f"[dim]search: {plan.wall_s:.1f} s, {sum(len(s.points) for s in plan.searches)} fleets "
+                  "simulated[/dim]", highlight=False)
 
 
 plan = plan_cmd

@@ -1,6 +1,10 @@
-"""Capacity planning: the smallest instance count per GPU that meets an SLO, over derived profiles.
+"""Capacity planning: the smallest instance count per GPU, the cheapest fleet mix, and the highest rate that
+meet an SLO, over derived profiles.
 
-- ``search``: the exponential probe + bisection + monotonicity check over instance counts;
+- ``search``: the shared searches: ``min_instances`` (counts), ``max_rate`` (rates, with a bracket),
+  ``sequential_attainment`` (paired seeds, stopped once the rest cannot change the decision);
+- ``mix``: ``plan --mix``, the cheapest fleet (mixed or uniform) over GPU types, per router;
+- ``find_rate``: ``run --find-rate``, the highest rate meeting an SLO per router x scheduler;
 - ``capacity``: ``PlanConfig`` and ``plan_capacity`` (derive each GPU x TP profile, search on the simulator
   through the one experiment runner, rows);
 - ``prices``: the user's price file and the cost columns;
