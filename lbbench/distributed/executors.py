@@ -12,7 +12,10 @@ and it must be deterministic for its unit: where a unit runs never changes its r
 - ``RayExecutor(address)``: Ray tasks. Consecutive units are batched into one task (Ray's guidance against
   tiny tasks: a simulated unit takes a fraction of a second, a task should take more); at most
   ``max_pending`` tasks are in flight (``ray.wait``); a task whose worker process dies is retried once by Ray
-  (``max_retries=1``), then ``UnitError`` names its units.
+  (``max_retries=1``), then ``UnitError`` names its units. Each task says which node ran it: ``describe()``
+  gives ``run.toml`` the units per node (``ray_nodes``) and each unit's node (``unit_nodes``; a retried unit
+  the node its retry ran on). A node is named by its ``lbbench-node:NAME`` resource (``ray_cluster``'s local
+  nodes), else by its address, with the start of its node id when several nodes share one.
 
 Leaving the iteration early (Ctrl-C, an error, ``close()`` on the generator) cancels what is still pending;
 results already yielded stay with the caller. Executors are context managers: ``close()`` disconnects from a
@@ -46,6 +49,12 @@ def unit_name(unit: Any) -> str:
 def run_batch(fn: Callable[[T], R], units: Sequence[T]) -> list[R]:
     """What one task or pool job runs: ``fn`` on each unit of a batch, in order."""
     return [fn(u) for u in units]
+
+
+def run_batch_on_node(fn: Callable[[T], R], units: Sequence[T]) -> tuple[str, list[R]]:
+    """What one Ray task runs: ``run_batch``, and the id of the node it ran on."""
+    import ray
+    return ray.get_runtime_context().get_node_id(), run_batch(fn, units)
 
 
 def batches(num_units: int, batch_size: int) -> list[range]:
@@ -158,9 +167,43 @@ class RayExecutor(Executor):
         self.batch_size = batch_size
         self.num_cpus = cluster_cpus()
         self.max_pending = max_pending or 2 * self.num_cpus
+        #: the node (its id) each unit ran on, by unit label, in unit order once ``submit`` is done
+        self.unit_node_ids: dict[str, str] = {}
+        self._node_names: dict[str, str] = {}
 
     def describe(self) -> dict[str, Any]:
-        return {"executor": self.name, "ray_address": self.address or "auto", "ray_cpus": self.num_cpus}
+        out: dict[str, Any] = {"executor": self.name, "ray_address": self.address or "auto",
+                               "ray_cpus": self.num_cpus}
+        if self.unit_node_ids:
+            nodes = self.unit_nodes()
+            counts: dict[str, int] = {}
+            for name in nodes.values():
+                counts[name] = counts.get(name, 0) + 1
+            out["ray_nodes"] = [{"node": n, "units": c} for n, c in sorted(counts.items())]
+            out["unit_nodes"] = nodes
+        return out
+
+    def unit_nodes(self) -> dict[str, str]:
+        """The node each unit ran on (its name; see the module docstring), by unit label."""
+        return {label: self._node_names.get(nid, nid) for label, nid in self.unit_node_ids.items()}
+
+    def _name_nodes(self) -> None:
+        """Names of the cluster's nodes (alive or dead), by node id."""
+        import ray
+
+        from .ray_cluster import NODE_RESOURCE
+        try:
+            nodes = ray.nodes()
+        except Exception:  # the names are a courtesy: ids stand in for them
+            return
+        by_address: dict[str, int] = {}
+        for n in nodes:
+            by_address[n["NodeManagerAddress"]] = by_address.get(n["NodeManagerAddress"], 0) + 1
+        for n in nodes:
+            tagged = [r[len(NODE_RESOURCE):] for r in n.get("Resources", {}) if r.startswith(NODE_RESOURCE)]
+            addr = n["NodeManagerAddress"]
+            self._node_names[n["NodeID"]] = (tagged[0] if tagged else addr if by_address[addr] == 1
+                                            else f"{addr}/{n['NodeID'][:8]}")
 
     def close(self) -> None:
         from .ray_cluster import shutdown
@@ -170,7 +213,7 @@ class RayExecutor(Executor):
         import ray
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
-        task = ray.remote(max_retries=1, retry_exceptions=False)(run_batch)
+        task = ray.remote(max_retries=1, retry_exceptions=False)(run_batch_on_node)
         units = list(units)
         todo = batches(len(units), self.batch_size or auto_batch_size(len(units), self.num_cpus))
         todo.reverse()
@@ -185,17 +228,25 @@ class RayExecutor(Executor):
                 for ref in done:
                     idx = pending.pop(ref)
                     try:
-                        results = ray.get(ref)
+                        node_id, results = ray.get(ref)
                     except RayTaskError as exc:  # fn raised: the unit's own error, as it would be run here
                         raise exc.as_instanceof_cause() from None
                     except (RayError, TaskCancelledError) as exc:  # the worker died, twice
                         raise UnitError([unit_name(units[i]) for i in idx],
                                         f"its Ray worker died and the retry failed too "
                                         f"({type(exc).__name__})") from exc
+                    if node_id not in self._node_names:
+                        self._name_nodes()
+                    for i in idx:
+                        self.unit_node_ids[unit_name(units[i])] = node_id
                     yield from zip(idx, results)
         finally:
             for ref in pending:
                 ray.cancel(ref)
+            names = [unit_name(u) for u in units]  # this submit's units in unit order, after any earlier ones
+            mine = set(names)
+            self.unit_node_ids = {**{k: v for k, v in self.unit_node_ids.items() if k not in mine},
+                                  **{k: self.unit_node_ids[k] for k in names if k in self.unit_node_ids}}
 
 
 def get_executor(jobs: int = 1, ray_address: str | None = None, *, batch_size: int | None = None
