@@ -9,6 +9,8 @@ the settings that differ between runs) and returns a ``Table``:
   paper's A100 form).
 - ``latency``: TTFT, TBT (mean, p99, max), E2E percentiles, throughput, preemptions.
 - ``balance``: per-instance share of requests and tokens (prompt + generated).
+- ``instances``: per instance, its profile, requests served, busy fraction, preemptions and mean E2E (a mixed
+  fleet's instances side by side).
 - ``live``: dispatch lag, achieved vs requested rate, failures (live runs only).
 - ``goodput``: share of requests meeting ``--slo`` limits (only when given).
 - ``hardware``: runs that differ in profile side by side, one column group per profile
@@ -117,6 +119,53 @@ def balance_table(lf: pl.LazyFrame, keys: list[str]) -> Table:
     return Table("balance", "Per-instance share of requests and tokens", df, note, keys)
 
 
+def instances_table(lf: pl.LazyFrame, keys: list[str]) -> Table:
+    """Per instance, each a mean over seeds: requests served, busy fraction (the time it had at least one
+    request between dispatch and finish — the union of those intervals — over the seed's span, first arrival
+    to last finish), preemptions; and the mean E2E of its completed requests over every seed. The profile is
+    the instance's (``instance_profile``; older records: the run's ``profile``)."""
+    d = derive(lf)
+    schema = d.collect_schema()
+    prof = (pl.col("instance_profile") if "instance_profile" in schema
+            else pl.col("profile") if "profile" in schema else pl.lit(None, pl.String))
+    seed_keys = [*keys, "seed"]
+    inst_keys = [*seed_keys, "instance"]
+    span = (d.group_by(seed_keys).agg(span_s=pl.col("finish_s").max() - pl.col("arrival_s").min()))
+    served = d.filter(pl.col("instance").is_not_null())
+    busy = (served.filter(pl.col("dispatch_s").is_not_null() & pl.col("finish_s").is_not_null())
+            .sort([*inst_keys, "dispatch_s"], nulls_last=True)
+            .with_columns(_end=pl.col("finish_s").cum_max().shift(1).over(inst_keys))
+            .with_columns(_period=(pl.col("_end").is_null() | (pl.col("dispatch_s") > pl.col("_end")))
+                          .cast(pl.Int64).cum_sum().over(inst_keys))
+            .group_by([*inst_keys, "_period"])
+            .agg(_busy=pl.col("finish_s").max() - pl.col("dispatch_s").min())
+            .group_by(inst_keys).agg(busy_s=pl.col("_busy").sum()))
+    per_seed = (served.group_by(inst_keys)
+                .agg(instance_profile=prof.first(), requests=pl.len().cast(pl.Int64),
+                     preemptions=pl.col("num_preemptions").fill_null(0).sum().cast(pl.Int64),
+                     _e2e_sum=pl.col("e2e_s").filter(completed_expr()).sum(),
+                     _e2e_n=completed_expr().sum())
+                .join(busy, on=inst_keys, how="left", nulls_equal=True)
+                .join(span, on=seed_keys, how="left", nulls_equal=True)
+                .with_columns(busy_fraction=pl.when(pl.col("span_s") > 0)
+                              .then(pl.col("busy_s").fill_null(0.0) / pl.col("span_s"))))
+    per = (per_seed.group_by([*keys, "instance"])
+           .agg(instance_profile=pl.col("instance_profile").first(),
+                requests=pl.col("requests").mean(), busy_fraction=pl.col("busy_fraction").mean(),
+                preemptions=pl.col("preemptions").mean(),
+                mean_e2e_s=pl.when(pl.col("_e2e_n").sum() > 0)
+                .then(pl.col("_e2e_sum").sum() / pl.col("_e2e_n").sum()))
+           .collect())
+    order = lf.select(keys).unique(maintain_order=True).collect().with_row_index("_g")
+    df = per.join(order, on=keys, how="left", nulls_equal=True).sort(["_g", "instance"]).drop("_g")
+    note = ("Per instance, mean over seeds: requests served, busy fraction (time with at least one request "
+            "between dispatch and finish, over first arrival to last finish), preemptions; mean E2E of its "
+            "completed requests.")
+    return Table("instances", "Per instance: profile, requests, busy fraction, preemptions, E2E", df, note,
+                 keys, {"instance_profile": "profile", "requests": "requests served",
+                        "busy_fraction": "busy fraction"})
+
+
 def imbalance(balance: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Largest instance share over the fair share (1.0 = perfectly even), per group."""
     return (balance.group_by(keys, maintain_order=True)
@@ -198,6 +247,7 @@ def build_tables(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin
     tables.append(Table("imbalance", "Instance imbalance", imbalance(bal.df, keys),
                         "Largest instance share divided by the fair share (1.00 = even).", keys))
     tables.append(bal)
+    tables.append(instances_table(lf, keys))
     live = live_table(summary, keys)
     if live is not None:
         tables.append(live)

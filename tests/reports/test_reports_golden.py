@@ -48,7 +48,7 @@ def test_summary_parquet_matches_summarize(v100_run, a100_run):
         assert_frame_equal(stored, summarize(pl.read_parquet(run / "requests.parquet")))
 
 
-@pytest.mark.parametrize("name", ["main", "latency", "balance", "imbalance"])
+@pytest.mark.parametrize("name", ["main", "latency", "balance", "imbalance", "instances"])
 def test_golden_single_run(v100_run, name):
     _check(f"v100_{name}", _tables([v100_run])[name])
 
