@@ -109,8 +109,10 @@ class LookaheadParams:
     base: str = "backfill_gate"
     """Base policy of the rollouts: ``backfill_gate`` (the hand-set gate of the headroom tables, which may
     dispatch one of the 16 oldest past a head that fits nowhere), ``gate`` (the same gate strictly head of
-    line) or a registered router name. Default ``backfill_gate``: the planner then starts from the best cheap
-    heuristic measured on this setup (``gate`` alone gives about two thirds of its gain)."""
+    line), a registered router name (on a mixed fleet a capacity-aware one: ``least_work_speed``,
+    ``jsq_speed``) or ``best`` (the cheapest of ``best_of``, each run to the end on a fork when the run starts).
+    Default ``backfill_gate``: the planner then starts from the best cheap heuristic measured on 4 x V100
+    (``gate`` alone gives about two thirds of its gain)."""
     best_of: tuple[str, ...] = ("backfill_gate", "least_work_speed", "jsq_speed", "mcu")
     """With ``base=best``: the bases tried (a tuple or a comma-separated string of names)."""
     k: int = 2
