@@ -17,7 +17,10 @@ loads, numpy only), ``last/policy.npz``, ``curve.parquet`` (the training curve),
 and ``learning_curve.png``: the network against its guidance heuristic and round robin on
 validation workloads every ``--eval-every`` episodes). ``--workers N`` collects rollouts in
 N processes (``--ray``: Ray actors); ``--teacher kv_gate --bc-episodes B --dagger-rounds D``
-(the imitation recipe) warm-starts the network by imitation before Double-DQN fine-tuning. Training needs the ``learn`` extra
+(the imitation recipe) warm-starts the network by imitation before Double-DQN fine-tuning.
+``--fleet SPEC`` trains on a mixed fleet (``lbbench run --fleet``'s spec; it sets ``--profile``
+and ``--instances``), best with ``--capacity-features`` and a capacity-aware teacher
+(``--teacher least_work_speed``). Training needs the ``learn`` extra
 (torch, gymnasium); routing with the result does not.
 """
 
@@ -38,7 +41,8 @@ from .flags import ray_option
 
 _CHOICES = {"router": ["baseline_rl", "wa_rl", "wgrl"], "discount": ["time", "decision"],
             "guidance_schedule": ["fading", "literal"], "estimator": ["paper", "interference"],
-            "teacher": ["none", "kv_gate", "lookahead"], "guidance": ["mixing", "kv_gate", "lookahead"]}
+            "teacher": ["none", "kv_gate", "lookahead", "least_work_speed", "jsq_speed"],
+            "guidance": ["mixing", "kv_gate", "lookahead", "least_work_speed", "jsq_speed"]}
 
 
 def _options(fn):
@@ -51,6 +55,9 @@ def _options(fn):
         if f.name == "chunked_prefill":
             fn = click.option(flag, type=click.Choice(["on", "off", "profile"]), default="profile",
                               show_default=True, help=helps[f.name])(fn)
+            continue
+        if f.name == "fleet":
+            fn = click.option(flag, "fleet", type=str, default=None, metavar="SPEC", help=helps[f.name])(fn)
             continue
         if f.name == "trace":
             fn = click.option(flag, "trace", type=click.Path(dir_okay=False), default=None,
@@ -111,6 +118,12 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
         raise click.UsageError(f"lbbench train needs {exc.name} (install the 'learn' extra: "
                                "pip install 'lbbench[learn]')") from None
     from ..profiles import ProfileError, load_profile
+    if cfg.fleet:
+        from ..fleet import FleetError
+        try:
+            cfg = cfg.for_fleet()
+        except FleetError as exc:
+            raise click.BadParameter(str(exc).removeprefix("fleet: "), param_hint="--fleet") from None
     try:
         profile = load_profile(cfg.profile)
     except ProfileError as exc:
@@ -132,7 +145,8 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
                                                      "learner_cpu_s": round(time.process_time() - c0, 2),
                                                      "workers": cfg.workers}) + "\n")
     val = curve["val_e2e_s"].drop_nans()
-    line = (f"trained {cfg.router} for {cfg.profile} x{cfg.instances} on {cfg.workload_label()}: "
+    where = f"fleet {cfg.fleet}" if cfg.fleet else f"{cfg.profile} x{cfg.instances}"
+    line = (f"trained {cfg.router} for {where} on {cfg.workload_label()}: "
             f"{curve.height} episodes in {wall_s:.0f} s; last episode mean E2E {curve['mean_e2e_s'][-1]:.2f} s")
     if len(val):
         line += f"; exported network: validation mean E2E {val.min():.2f} s"

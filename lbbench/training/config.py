@@ -34,6 +34,8 @@ class TrainConfig:
     """Profile name or path to a .toml file."""
     instances: int = 4
     """Number of simulated instances (the policy is specific to it)."""
+    fleet: str | None = None
+    """Train on a mixed fleet, NAME_OR_PATH:COUNT[,NAME_OR_PATH:COUNT...] (`lbbench run --fleet`): instance i simulates the profile of the entry it falls in; sets --profile to the first entry's and --instances to the fleet's size. Pair it with --capacity-features and a capacity-aware teacher."""
     workload: str = "paper-mix"
     """Training workload when no --trace is given: paper-mix | paper-classes | poisson | dataset:FILE."""
     trace: str = ""
@@ -118,10 +120,12 @@ class TrainConfig:
     """Learning curve: evaluate the greedy network (and, once, its guidance heuristic and round robin) on the validation workloads every this many episodes, all phases counted, and at most every half run, so a run of 4 or more episodes is evaluated at least twice (learning_curve.parquet / .png)."""
     kv_features: bool = False
     """Deviation: add predicted-KV-footprint features to the state (the head's predicted footprint; per instance its outstanding footprint, the KV held, and whether the head fits), from predicted lengths only."""
+    capacity_features: bool = False
+    """Deviation for mixed fleets: add each instance's decode and prefill speed relative to the fleet's fastest, its KV capacity relative to the largest and its expected drain time (its own speeds) to the state, from the instances' specs only; counts and KV figures become fractions of each instance's own limits."""
     workers: int = 0
     """Rollout workers: training goes in rounds of max(1, N) episodes collected with the current network, then the updates their decisions pay for (one per --train-every decisions). 0 or 1: one worker in the learner's process; N >= 2: a process pool (or Ray actors with --ray). Reproducible for a fixed seed and N."""
     teacher: str = "none"
-    """Imitation warm start from a teacher (a function state -> action; it may read true lengths, the network never does): kv_gate (head-of-queue FIFO KV gate on true lengths) | lookahead (the oracle planner) | none."""
+    """Imitation warm start from a teacher (a function state -> action; it may read true lengths, the network never does): kv_gate (head-of-queue FIFO KV gate on true lengths) | lookahead (the oracle planner) | least_work_speed, jsq_speed (the capacity-aware heuristics, for mixed fleets; deployable) | none."""
     guidance: str = "mixing"
     """Guidance heuristic h of wa_rl/wgrl: mixing (the paper's r_mix gap) | kv_gate | lookahead (h = 1 when the action differs from that teacher's)."""
     bc_episodes: int = 0
@@ -138,6 +142,20 @@ class TrainConfig:
     """Large-margin imitation loss (DQfD): the teacher's action must beat every other valid action's Q by this much (scaled reward units)."""
     demo_weight: float = 1.0
     """Weight of the imitation loss on the teacher-labelled states during Double-DQN fine-tuning (0: plain Double DQN after the warm start)."""
+
+    def fleet_profiles(self) -> list | None:
+        """One profile per instance of ``fleet`` (``lbbench.fleet.parse_fleet``), or None without one."""
+        if not self.fleet:
+            return None
+        from lbbench.fleet import parse_fleet
+        return parse_fleet(self.fleet).profiles()
+
+    def for_fleet(self) -> "TrainConfig":
+        """With a fleet: this config with ``profile`` the first entry's and ``instances`` the fleet's size."""
+        profiles = self.fleet_profiles()
+        if profiles is None:
+            return self
+        return dataclasses.replace(self, profile=profiles[0].name, instances=len(profiles))
 
     def workload_label(self) -> str:
         """What the checkpoint was trained on, as ``lbbench run`` labels workloads."""

@@ -7,7 +7,8 @@ through ``ClusterSim.run`` with the greedy network (the gate off), exactly as
 policy to a long table:
 
 ``episode`` (episodes trained so far), ``policy`` ∈ {``network``,
-``heuristic``, ``round_robin``}, ``mean_e2e_s`` and ``p99_e2e_s`` (over every
+``heuristic``, ``round_robin``} (and the teacher when it is a deployable
+router, ``least_work_speed`` or ``jsq_speed``), ``mean_e2e_s`` and ``p99_e2e_s`` (over every
 request of the validation workloads) and ``preemptions`` (their sum).
 
 The heuristic (the least mixing impact, the router's gate fallback) and round
@@ -32,6 +33,8 @@ from lbbench.routers.mixing import MixingParams, least_impact_instance, penaltie
 CURVE_FILE = "learning_curve.parquet"
 PLOT_FILE = "learning_curve.png"
 POLICIES = ("network", "heuristic", "round_robin")
+#: teachers that are routers of the registry (``teachers.ROUTER_TEACHERS``): the curve shows them too
+ROUTER_TEACHERS = ("least_work_speed", "jsq_speed")
 SCHEMA = {"episode": pl.Int64, "policy": pl.Utf8, "mean_e2e_s": pl.Float64, "p99_e2e_s": pl.Float64,
           "preemptions": pl.Int64}
 
@@ -56,11 +59,10 @@ class MixingHeuristic:
 def evaluate(router_factory, profile, cfg, workloads: Sequence[Sequence[Request]],
              seeds: Sequence[int]) -> dict:
     """Mean and p99 E2E (s) and preemptions of a router over the workloads (a fresh router per workload)."""
-    from lbbench.sim.cluster import ClusterSim
+    from lbbench.training.episodes import make_sim
     e2e, preempt = [], 0
     for reqs, seed in zip(workloads, seeds):
-        recs = ClusterSim(profile, cfg.instances, reqs, seed=seed, instance_scheduler=cfg.instance_scheduler,
-                          chunked_prefill=cfg.chunked_prefill).run(router_factory())
+        recs = make_sim(cfg, profile, reqs, seed).run(router_factory())
         e2e += [r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]
         preempt += sum(r.num_preemptions or 0 for r in recs)
     a = np.asarray(e2e)
@@ -91,6 +93,10 @@ class LearningCurve:
                                   self.workloads, self.seeds),
             "round_robin": evaluate(lambda: get_router("round_robin", num_instances=cfg.instances, profile=profile),
                                     profile, cfg, self.workloads, self.seeds)}
+        if cfg.teacher in ROUTER_TEACHERS:  # a deployable teacher (a capacity-aware heuristic) is a router too
+            self.fixed[cfg.teacher] = evaluate(
+                lambda: get_router(cfg.teacher, num_instances=cfg.instances, profile=profile),
+                profile, cfg, self.workloads, self.seeds)
 
     def record(self, episode: int, policy) -> dict:
         """Evaluate the network after ``episode`` episodes; returns its row."""
@@ -114,7 +120,8 @@ def save_plot(curve: pl.DataFrame, path: str | Path, title: str = "") -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, col, label in ((axes[0], "mean_e2e_s", "mean E2E (s)"), (axes[1], "p99_e2e_s", "p99 E2E (s)")):
-        for name, style in zip(POLICIES, ("-o", "--", ":")):
+        extra = [p for p in curve["policy"].unique(maintain_order=True).to_list() if p not in POLICIES]
+        for name, style in zip((*POLICIES, *extra), ("-o", "--", ":", "-.", "-.")):
             part = curve.filter(pl.col("policy") == name).sort("episode")
             if part.height:
                 ax.plot(part["episode"].to_list(), part[col].to_list(), style, label=name, markersize=3)

@@ -67,7 +67,12 @@ runs the simulator until every request finishes (so ``sim.records`` is
 complete) but reports the reward of that drain in ``info["drain_reward"]``
 instead of adding it to the last step's reward — no action can change it, and
 one transition carrying minutes of accumulated cost would swamp the learning
-signal. ``truncated`` after
+signal.
+
+**Mixed fleets** (``profiles=``, one per instance): the simulator runs each
+instance on its own profile; ``Δt`` and the ideal completion times ``T̂_j`` are
+the fleet's fastest instance's; the mixing guidance keeps ``profile``'s
+parameters. ``truncated`` after
 ``max_steps`` decisions. The valid-action mask is ``info["action_mask"]``; an
 invalid action is replaced by defer (or, when deferring is not allowed, the
 first valid instance) and flagged ``info["invalid_action"]``.
@@ -215,9 +220,14 @@ class RouterEnv(gym.Env):
                  skip_empty: bool = True, max_defer_s: float | None = 30.0,
                  max_steps: int = 2_000_000,
                  feature_spec: FeatureSpec | None = None, prior_scale: float = 0.0,
-                 guidance_fn: Callable[[ClusterSim], int] | None = None):
+                 guidance_fn: Callable[[ClusterSim], int] | None = None,
+                 profiles: Sequence[Profile] | None = None):
         super().__init__()
         self.profile = profile
+        # a mixed fleet: one profile per instance (ClusterSim(profiles=...)); None: num_instances x profile
+        self.profiles = list(profiles) if profiles is not None else None
+        if self.profiles is not None and len(self.profiles) != num_instances:
+            raise ValueError(f"RL environment: {len(self.profiles)} profiles for {num_instances} instances")
         self.num_instances = num_instances
         self.workload = workload
         self.reward_cfg = reward or RewardConfig()
@@ -229,8 +239,11 @@ class RouterEnv(gym.Env):
         self.prior_scale = prior_scale  # residual-Q prior in info["prior"] (see heuristic_prior)
         # a teacher as the guidance heuristic: h = 1 when the action is not the teacher's (defer included)
         self.guidance_fn = guidance_fn
-        self.dt_s = profile.min_step_s
-        self.feature_spec = feature_spec or FeatureSpec.from_profile(profile, num_instances)
+        # the fleet's fastest instance: the dispatcher's Δt and the ideal (solo) completion times of the reward
+        self._fastest = min(self.profiles, key=lambda p: p.min_step_s) if self.profiles else profile
+        self.dt_s = self._fastest.min_step_s
+        self.feature_spec = feature_spec or (FeatureSpec.from_profiles(self.profiles) if self.profiles
+                                             else FeatureSpec.from_profile(profile, num_instances))
         self.featurize = Featurizer(self.feature_spec)
         self.mixing = MixingParams.from_profile(profile)
         self.observation_space = gym.spaces.Box(-2.0, 4.0, shape=(self.feature_spec.obs_dim,), dtype=np.float32)
@@ -240,7 +253,7 @@ class RouterEnv(gym.Env):
 
     # ------------------------------------------------------------------ helpers
     def _ideal_s(self, r: Request) -> float:
-        return self.profile.step_time_s(r.prompt_tokens, 0, 0) + r.output_tokens * self.dt_s
+        return self._fastest.step_time_s(r.prompt_tokens, 0, 0) + r.output_tokens * self.dt_s
 
     def _weight(self, r: Request) -> float:
         return 1.0 / self._ideal_s(r)
@@ -328,9 +341,9 @@ class RouterEnv(gym.Env):
         requests = list(self.workload(wl_seed))
         if not requests:
             raise ValueError("RL environment: the workload has no requests")
-        self.sim = ClusterSim(self.profile, self.num_instances, requests, seed=wl_seed,
-                              instance_scheduler=self.instance_scheduler,
-                              chunked_prefill=self.chunked_prefill)
+        self.sim = ClusterSim(None if self.profiles else self.profile, self.num_instances, requests,
+                              seed=wl_seed, instance_scheduler=self.instance_scheduler,
+                              chunked_prefill=self.chunked_prefill, profiles=self.profiles)
         self._progress = _Progress(self.num_instances, self._weight)
         # observe lifecycle events the way a router does (on_event); nothing routes automatically
         self.sim.dispatcher = Dispatcher(self._progress, self.sim.state)

@@ -12,6 +12,11 @@ annotated with ``cfg.predictor`` — the predictor that will be used at
 evaluation — so the network learns on the prediction errors it will see. With
 ``cfg.rates`` (several rates) the workload of seed ``s`` uses rate ``s mod
 len(rates)``: consecutive training and validation seeds cycle through them.
+
+With ``cfg.fleet`` (a mixed fleet) the workload is built for the fleet's first
+profile (what ``lbbench run --fleet`` gives its workload), every simulator of
+training and validation is the fleet's (``make_sim``), and the state's shapes
+are the fleet's (``feature_spec``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,30 @@ def trace_window(requests: list[Request], num_requests: int, seed: int) -> list[
     window = requests[start:stop]
     t0 = window[0].arrival_s
     return [replace(r, request_id=i, arrival_s=r.arrival_s - t0) for i, r in enumerate(window)]
+
+
+def feature_spec(cfg, profile):
+    """The ``FeatureSpec`` of a ``TrainConfig``: the profile's, or with a fleet the fleet's
+    (``FeatureSpec.from_profiles``)."""
+    from lbbench.routers.rl.features import FeatureSpec
+    kw = {"kv_features": cfg.kv_features}
+    if cfg.capacity_features:
+        kw["capacity_features"] = True
+    profiles = cfg.fleet_profiles()
+    if profiles is None:
+        return FeatureSpec.from_profile(profile, cfg.instances, **kw)
+    return FeatureSpec.from_profiles(profiles, **kw)
+
+
+def make_sim(cfg, profile, requests, seed: int, profiles=None):
+    """The simulator a ``TrainConfig`` trains and validates on: ``cfg.instances`` x ``profile``, or with a
+    fleet one profile per instance (``profiles``, default ``cfg.fleet_profiles()``)."""
+    from lbbench.sim.cluster import ClusterSim
+    profiles = profiles if profiles is not None else cfg.fleet_profiles()
+    kw = {"seed": seed, "instance_scheduler": cfg.instance_scheduler, "chunked_prefill": cfg.chunked_prefill}
+    if profiles is None:
+        return ClusterSim(profile, cfg.instances, requests, **kw)
+    return ClusterSim(None, len(profiles), requests, profiles=profiles, **kw)
 
 
 def episode_source(cfg, profile) -> Callable[[int], list[Request]]:

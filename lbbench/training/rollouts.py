@@ -75,9 +75,8 @@ class RolloutWorker:
     """Holds one environment (and teacher) and plays ``EpisodeTask``s."""
 
     def __init__(self, cfg, profile):
-        from lbbench.routers.rl.features import FeatureSpec
         from lbbench.training.env import RewardConfig, RouterEnv
-        from lbbench.training.episodes import episode_source
+        from lbbench.training.episodes import episode_source, feature_spec
         from lbbench.training.teachers import make_teacher
 
         self.cfg = cfg
@@ -90,10 +89,11 @@ class RolloutWorker:
                                        guidance_scale=cfg.guidance_scale,
                                        guidance_schedule=cfg.guidance_schedule,
                                        discount=cfg.discount, estimator=cfg.estimator)
-        spec = FeatureSpec.from_profile(profile, cfg.instances, kv_features=cfg.kv_features)
+        spec = feature_spec(cfg, profile)
         self.env = RouterEnv(profile, cfg.instances, episode_source(cfg, profile), self.reward_cfg,
                              instance_scheduler=cfg.instance_scheduler, chunked_prefill=cfg.chunked_prefill,
-                             max_defer_s=cfg.max_defer_s, feature_spec=spec, guidance_fn=guidance)
+                             max_defer_s=cfg.max_defer_s, feature_spec=spec, guidance_fn=guidance,
+                             profiles=cfg.fleet_profiles())
 
     def run(self, policy, task: EpisodeTask) -> Transitions:
         env, cfg = self.env, self.cfg

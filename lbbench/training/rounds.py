@@ -38,7 +38,8 @@ validation workloads (``trainer.save_checkpoint``). Each episode is a row of
 the training curve (``curve.parquet``). Everything random comes from the
 config seed and the episode index, so a fixed seed and worker count give the
 same networks. Interrupted (Ctrl-C), it still writes what it had, the
-checkpoint's metadata marked ``incomplete``.
+checkpoint's metadata marked ``incomplete``. With ``fleet`` (a mixed fleet)
+every episode and validation runs on the fleet (``episodes.make_sim``).
 """
 
 from __future__ import annotations
@@ -51,11 +52,10 @@ import polars as pl
 import torch
 
 from lbbench.profiles import Profile, load_profile
-from lbbench.routers.rl.features import FeatureSpec
 from lbbench.training.config import TrainConfig
 from lbbench.training.curve import LearningCurve
 from lbbench.training.env import RewardConfig
-from lbbench.training.episodes import episode_source
+from lbbench.training.episodes import episode_source, feature_spec
 from lbbench.training.rollouts import EpisodeTask, make_collector
 from lbbench.training.trainer import Learner, checkpoint_meta, epsilon_at, export_policy, save_checkpoint
 
@@ -92,8 +92,12 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, *, progress: bool
     torch.set_num_threads(1)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    prof = profile or load_profile(cfg.profile)
-    spec = FeatureSpec.from_profile(prof, cfg.instances, kv_features=cfg.kv_features)
+    if cfg.fleet:  # a mixed fleet: its first profile stands for the run (workload, mixing parameters, name)
+        cfg = cfg.for_fleet()
+        prof = cfg.fleet_profiles()[0]
+    else:
+        prof = profile or load_profile(cfg.profile)
+    spec = feature_spec(cfg, prof)
     reward_cfg = RewardConfig(cfg.router, r_w=cfg.r_w, gamma=cfg.gamma, beta_d=cfg.beta_d,
                               guidance_scale=cfg.guidance_scale, guidance_schedule=cfg.guidance_schedule,
                               discount=cfg.discount, estimator=cfg.estimator)

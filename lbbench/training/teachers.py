@@ -20,6 +20,14 @@ only (``lbbench.routers.rl.features``).
   ``max_defer_s`` it goes to that instance regardless.
 - ``lookahead``: the oracle planner (``lbbench.routers.lookahead.plan_action``),
   head of the queue only.
+- ``least_work_speed``, ``jsq_speed`` (``ROUTER_TEACHERS``): the capacity-aware
+  heuristics of ``lbbench.routers.capacity``, for mixed fleets. The ``kv_gate``
+  teacher sizes each instance by its own KV capacity but is blind to speed: on
+  an A100 + L4 fleet its "most free KV" rule sends work to whichever cache is
+  emptiest, not to whichever instance finishes it first. These read only
+  predicted lengths and the instances' specs (deployable), never defer while an
+  instance is up, and are reset at the start of every episode (their
+  round-robin tie-break) so an episode's labels do not depend on the worker.
 
 ``TeacherRouter`` wraps the ``kv_gate`` teacher as a router (so validation can
 score the teacher like any router).
@@ -35,8 +43,10 @@ from lbbench.routers.late_binding import KvGate, clamp_output
 from lbbench.routers.lookahead import plan_action
 from lbbench.sim.cluster import ClusterSim
 
-TEACHERS = ("none", "kv_gate", "lookahead")
-GUIDANCES = ("mixing", "kv_gate", "lookahead")
+#: teachers that are routers of the registry: deployable, capacity-aware (for mixed fleets)
+ROUTER_TEACHERS = ("least_work_speed", "jsq_speed")
+TEACHERS = ("none", "kv_gate", "lookahead", *ROUTER_TEACHERS)
+GUIDANCES = ("mixing", "kv_gate", "lookahead", *ROUTER_TEACHERS)
 
 Teacher = Callable[[ClusterSim], int]
 
@@ -94,6 +104,19 @@ def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
             d = plan_action(sim, reorder=False, **kw)
             return sim.num_instances if d is None else int(d.instance)
         return lookahead
+    if name in ROUTER_TEACHERS:
+        from lbbench.routers.registry import get_router
+        router = get_router(name, num_instances=0, profile=profile)
+        last: list = [None]
+
+        def heuristic(sim: ClusterSim) -> int:
+            if sim is not last[0]:  # a new episode
+                router.reset()
+                last[0] = sim
+            d = router.route(sim.queue, sim.view(), sim.now_s) if sim.queue else None
+            return sim.num_instances if d is None else int(d.instance)
+        heuristic.__name__ = name
+        return heuristic
     raise ValueError(f"teacher: {name!r} is not one of {', '.join(TEACHERS)}")
 
 

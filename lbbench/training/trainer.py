@@ -39,9 +39,9 @@ from lbbench import __version__
 from lbbench.profiles import Profile
 from lbbench.routers.rl.features import FeatureSpec
 from lbbench.routers.rl.policy import ROUTER_CLASSES, QPolicy, SharedQPolicy
-from lbbench.sim.cluster import ClusterSim
 from lbbench.training.config import TrainConfig
 from lbbench.training.curve import CURVE_FILE, PLOT_FILE, save_plot
+from lbbench.training.episodes import make_sim
 
 MAX_GRAD_NORM = 10.0  #: every update's gradient is clipped to this norm
 
@@ -346,9 +346,7 @@ def validate(policy: QPolicy | SharedQPolicy, profile: Profile, cfg: TrainConfig
     means = []
     for k, reqs in enumerate(workloads):
         sim_seed = seed_of[k] if seed_of else cfg.validation_seeds(len(workloads))[k]
-        recs = ClusterSim(profile, cfg.instances, reqs, seed=sim_seed,
-                          instance_scheduler=cfg.instance_scheduler,
-                          chunked_prefill=cfg.chunked_prefill).run(router)
+        recs = make_sim(cfg, profile, reqs, sim_seed).run(router)
         means.append(np.mean([r.finish_s - r.arrival_s for r in recs if r.finish_s is not None]))
     return float(np.exp(np.mean(np.log(means))))
 
@@ -361,8 +359,9 @@ def epsilon_at(cfg: TrainConfig, episode: int) -> float:
 
 
 def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
-    """What a checkpoint records about its training (``trained_on``, mixing, the config)."""
-    return {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
+    """What a checkpoint records about its training (``trained_on``, mixing, the config; with a fleet,
+    ``fleet`` and ``trained_on.fleet``: its spec)."""
+    meta = {"variant": cfg.router, "profile": prof.name, "num_instances": cfg.instances,
             "feature_spec": spec.as_dict(), "max_defer_s": cfg.max_defer_s,
             "trained_on": {"profile": prof.name, "num_instances": cfg.instances,
                            "workload": cfg.workload_label(), "rate_per_s": cfg.rate,
@@ -374,6 +373,9 @@ def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
             "mixing": {"grad1": prof.grad1, "grad2": prof.grad2, "epsilon": prof.epsilon,
                        "alpha": prof.alpha, "estimator": cfg.estimator},
             "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
+    if cfg.fleet:
+        meta["fleet"] = meta["trained_on"]["fleet"] = cfg.fleet
+    return meta
 
 
 def save_checkpoint(cfg: TrainConfig, prof: Profile, out_dir: str | Path,
@@ -406,7 +408,8 @@ def save_checkpoint(cfg: TrainConfig, prof: Profile, out_dir: str | Path,
     if learning_curve is not None and learning_curve.height:
         learning_curve.write_parquet(out / CURVE_FILE)
         try:
-            save_plot(learning_curve, out / PLOT_FILE, f"{cfg.router} {prof.name} x{cfg.instances}")
+            where = f"fleet {cfg.fleet}" if cfg.fleet else f"{prof.name} x{cfg.instances}"
+            save_plot(learning_curve, out / PLOT_FILE, f"{cfg.router} {where}")
         except ImportError:
             pass  # the picture needs the plot extra; the CLI says so
     (out / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(cfg)), indent=2) + "\n")

@@ -26,6 +26,19 @@ requests, the KV its running requests hold now, and whether the head would fit
 beside them (``(capacity - footprint - head footprint) / capacity``), each as a
 fraction of the instance's KV capacity. Nothing in it is an oracle quantity.
 
+With ``capacity_features`` (a deviation for mixed fleets, off by default and in
+every older checkpoint) each instance also carries what its ``InstanceSpec``
+says about its capacity (deployable: the instance's profile or a measurement,
+never the simulator): its decode and prefill throughput
+(``batch_decode_tokens_per_s``, ``prefill_tokens_per_s``) relative to the
+fleet's fastest, its KV capacity relative to the largest, and its expected
+drain time, the prompt tokens it still has to prefill at its own prefill rate
+plus the predicted decode tokens left at its own decode rate (as
+``lbbench.routers.capacity.drain_time_s``), ``log1p``-scaled by
+``drain_horizon_s``. With them the per-instance counts and KV figures are
+fractions of the instance's *own* ``max_num_seqs`` and KV capacity (an L4's
+cache fills long before an A100's), not of the spec's.
+
 Everything is a float32 numpy vector of fixed length ``FeatureSpec.obs_dim``;
 one call costs a few microseconds (a Python list filled in one pass, one
 ``np.asarray``). No torch, no simulator imports: the same code serves the
@@ -46,6 +59,8 @@ from lbbench.core import DEFAULT_STATE_BUCKETS, ClusterView, Request, bucket_of
 _PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "work", "healthy")
 #: with ``kv_features``: per instance, after the extras above; the head gets ``head_kv``
 _PER_INSTANCE_KV = ("kv_footprint", "kv_held", "kv_fit")
+#: with ``capacity_features``: per instance, last
+_PER_INSTANCE_CAPACITY = ("decode_speed", "prefill_speed", "kv_capacity", "drain_time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +77,27 @@ class FeatureSpec:
     completion_horizon_s: float = 10.0
     count_cap: float = 4.0  #: bucket counts are clipped at this many max_num_seqs
     kv_features: bool = False  #: add the predicted-KV-footprint features (see the module docstring)
+    capacity_features: bool = False  #: add each instance's relative speed, KV capacity and drain time
+    drain_horizon_s: float = 600.0  #: drain_time is log1p(drain_s) / log1p(drain_horizon_s), capped at 2
 
     @classmethod
     def from_profile(cls, profile, num_instances: int, **kw) -> "FeatureSpec":
         return cls(num_instances=num_instances, max_num_seqs=int(profile.max_num_seqs),
                    min_step_s=float(profile.min_step_s), max_model_len=int(profile.max_model_len),
                    kv_capacity_tokens=int(profile.kv_capacity_tokens), **kw)
+
+    @classmethod
+    def from_profiles(cls, profiles, **kw) -> "FeatureSpec":
+        """The spec of a fleet, one profile per instance: one profile's spec when they are all the same
+        (a uniform fleet), else the fleet's largest ``max_num_seqs`` and KV capacity, shortest
+        ``min_step_s`` (the dispatcher's Δt) and shortest context limit."""
+        profiles = list(profiles)
+        if all(p == profiles[0] for p in profiles[1:]):
+            return cls.from_profile(profiles[0], len(profiles), **kw)
+        return cls(num_instances=len(profiles), max_num_seqs=max(int(p.max_num_seqs) for p in profiles),
+                   min_step_s=min(float(p.min_step_s) for p in profiles),
+                   max_model_len=min(int(p.max_model_len) for p in profiles),
+                   kv_capacity_tokens=max(int(p.kv_capacity_tokens) for p in profiles), **kw)
 
     @property
     def num_prompt_buckets(self) -> int:
@@ -80,7 +110,8 @@ class FeatureSpec:
     @property
     def per_instance_dim(self) -> int:
         return (self.num_prompt_buckets + self.num_decode_buckets + len(_PER_INSTANCE_EXTRA)
-                + (len(_PER_INSTANCE_KV) if self.kv_features else 0))
+                + (len(_PER_INSTANCE_KV) if self.kv_features else 0)
+                + (len(_PER_INSTANCE_CAPACITY) if self.capacity_features else 0))
 
     @property
     def head_dim(self) -> int:
@@ -101,12 +132,17 @@ class FeatureSpec:
             out += [f"i{i}_{n}" for n in _PER_INSTANCE_EXTRA]
             if self.kv_features:
                 out += [f"i{i}_{n}" for n in _PER_INSTANCE_KV]
+            if self.capacity_features:
+                out += [f"i{i}_{n}" for n in _PER_INSTANCE_CAPACITY]
         return out
 
     def as_dict(self) -> dict:
         d = self._as_dict()
         if self.kv_features:  # older checkpoints have no such key (and no such features)
             d["kv_features"] = True
+        if self.capacity_features:  # likewise
+            d["capacity_features"] = True
+            d["drain_horizon_s"] = self.drain_horizon_s
         return d
 
     def _as_dict(self) -> dict:
@@ -129,7 +165,7 @@ class Featurizer:
     """Turns ``(queue, view)`` into the observation vector for one spec."""
 
     __slots__ = ("spec", "_inv_seqs", "_queue_scale", "_prompt_scale", "_inv_horizon",
-                 "_work_scale", "_cap", "_ndb", "_zeros_db", "_kv", "_inv_kv")
+                 "_work_scale", "_cap", "_ndb", "_zeros_db", "_kv", "_inv_kv", "_capf", "_drain_scale")
 
     def __init__(self, spec: FeatureSpec):
         self.spec = spec
@@ -143,6 +179,8 @@ class Featurizer:
         self._zeros_db = [0.0] * self._ndb
         self._kv = spec.kv_features
         self._inv_kv = 1.0 / max(1, spec.kv_capacity_tokens)
+        self._capf = spec.capacity_features
+        self._drain_scale = 1.0 / math.log1p(spec.drain_horizon_s)
 
     def __call__(self, queue: Sequence[Request], view: ClusterView) -> np.ndarray:
         spec = self.spec
@@ -151,22 +189,34 @@ class Featurizer:
                              f"built for {spec.num_instances}")
         n = len(queue)
         out = [min(1.0, n * self._queue_scale)]
-        head_kv = 0.0
+        head_kv = head_tokens = 0.0
         if n:
             head = queue[0]
             out.append(min(1.0, math.log1p(head.prompt_tokens) * self._prompt_scale))
             onehot = list(self._zeros_db)
             onehot[bucket_of(head.expected_output_tokens, spec.decode_buckets)] = 1.0
             out += onehot
-            head_kv = (head.prompt_tokens + head.expected_output_tokens) * self._inv_kv
+            head_tokens = float(head.prompt_tokens + head.expected_output_tokens)
+            head_kv = head_tokens * self._inv_kv
         else:
             out.append(0.0)
             out += self._zeros_db
         kv, inv_kv = self._kv, self._inv_kv
+        capf = self._capf
         if kv:
             out.append(min(2.0, head_kv))
         inv, cap = self._inv_seqs, self._cap
+        if capf:  # the fleet's fastest and largest, from the instances' specs
+            specs = [iv.spec for iv in view.instances]
+            inv_dec = 1.0 / max(s.batch_decode_tokens_per_s for s in specs)
+            inv_pre = 1.0 / max(s.prefill_tokens_per_s for s in specs)
+            inv_kvmax = 1.0 / max(s.kv_capacity_tokens for s in specs)
         for iv in view.instances:
+            if capf:  # counts and KV as fractions of the instance's own limits
+                sp = iv.spec
+                inv = 1.0 / sp.max_num_seqs
+                inv_kv = 1.0 / max(1, sp.kv_capacity_tokens)
+                head_kv = head_tokens * inv_kv
             for c in iv.prompt_bucket_counts:
                 out.append(min(cap, c * inv))
             for c in iv.decode_bucket_counts:
@@ -181,6 +231,13 @@ class Featurizer:
                 out.append(min(4.0, foot))
                 out.append(min(2.0, iv.context_tokens * inv_kv))
                 out.append(max(-2.0, min(1.0, 1.0 - foot - head_kv)))
+            if capf:
+                out.append(sp.batch_decode_tokens_per_s * inv_dec)
+                out.append(sp.prefill_tokens_per_s * inv_pre)
+                out.append(sp.kv_capacity_tokens * inv_kvmax)
+                drain_s = (iv.prompt_tokens_pending / sp.prefill_tokens_per_s
+                           + max(0, iv.predicted_tokens_remaining) / sp.batch_decode_tokens_per_s)
+                out.append(min(2.0, math.log1p(drain_s) * self._drain_scale))
         if len(out) != spec.obs_dim:
             raise ValueError(f"features: got {len(out)} values, expected {spec.obs_dim} (bucket "
                              "edges of the cluster state and the policy differ?)")

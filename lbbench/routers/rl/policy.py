@@ -23,7 +23,10 @@ Without an explicit checkpoint the router uses the one shipped in
 on the run's workload when there is one (``workload=`` router option, e.g.
 ``trace:AzureLLMInferenceTrace_conv.csv``), else the general one;
 ``CheckpointError`` (a ``ValueError``) names what exists and how to train one
-when none matches.
+when none matches. On a mixed fleet (``fleet=``, a ``lbbench.fleet.Fleet`` or
+its spec) it is the one whose ``config.json`` records that fleet
+(``shipped_fleet_checkpoint``; ``lbbench train --fleet``), e.g.
+``wgrl/llama3.1-8b-f1-a100x2-l4x2/``.
 
 **Out-of-distribution guard** (``ood_guard=True``, the default). A Q-network
 is only trustworthy on states like those it was trained on. A checkpoint
@@ -245,6 +248,32 @@ def shipped_checkpoint(variant: str, profile_name: str, num_instances: int,
         "[--trace FILE | --workload W] --predictor SPEC --out DIR` and pass --checkpoint DIR")
 
 
+def _fleet_key(fleet: Any) -> str:
+    """A fleet (``lbbench.fleet.Fleet`` or its spec) as a comparable spec string."""
+    spec = fleet.spec() if hasattr(fleet, "spec") else str(fleet)
+    return ",".join(part.strip() for part in spec.split(","))
+
+
+def shipped_fleet_checkpoint(variant: str, fleet: Any) -> Path:
+    """The shipped checkpoint trained on a mixed fleet (``config.json``'s ``fleet`` equal to the fleet's spec);
+    ``CheckpointError`` naming the fleets that have one and how to train one when there is none."""
+    key = _fleet_key(fleet)
+    have = []
+    for cfg_path in sorted((SHIPPED_DIR / variant).glob("*/config.json")):
+        try:
+            trained = json.loads(cfg_path.read_text()).get("fleet")
+        except (OSError, ValueError):
+            continue
+        if trained:
+            have.append(trained)
+            if _fleet_key(trained) == key and (cfg_path.parent / POLICY_FILE).is_file():
+                return cfg_path.parent
+    raise CheckpointError(
+        f"router {variant}: no shipped checkpoint for fleet {key!r} (shipped fleets: "
+        f"{'; '.join(have) or 'none'}); train one with `lbbench train --router {variant} --fleet {key} "
+        "--capacity-features --teacher least_work_speed --predictor SPEC --rate R --out DIR` and pass --checkpoint DIR")
+
+
 class RLRouter:
     """Head-of-queue router driven by a Q-network (one of the three variants)."""
 
@@ -254,8 +283,12 @@ class RLRouter:
     def __init__(self, num_instances: int, seed: int = 0, profile: Any = None,
                  checkpoint: str | Path | None = None, workload: str | None = None,
                  ood_guard: bool = True, ood_margin: float = 0.05, gate: bool = True,
-                 chunked_prefill: bool | None = None, instance_scheduler: str | None = None):
+                 chunked_prefill: bool | None = None, instance_scheduler: str | None = None,
+                 fleet: Any = None):
         profile_name = getattr(profile, "name", profile)
+        if checkpoint is None and fleet is not None and not getattr(fleet, "is_uniform", False):
+            # a mixed fleet (a Fleet or its spec): the checkpoint trained on that fleet
+            checkpoint = shipped_fleet_checkpoint(self.variant, fleet)
         if checkpoint is None:
             if profile_name is None:
                 raise CheckpointError(f"router {self.variant}: needs a profile or a checkpoint")
