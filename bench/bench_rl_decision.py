@@ -21,30 +21,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 
 import numpy as np
+from _common import build_state, time_calls  # bench/_common.py, beside this script
 
 from lbbench.profiles import load_profile
 from lbbench.routers.rl.features import FeatureSpec
 from lbbench.routers.rl.policy import CheckpointError, QPolicy, WorkloadGuidedRL
-from lbbench.sim.cluster import ClusterSim
-from lbbench.workloads import paper_mix
-
-
-def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:
-    reqs = paper_mix(int(20 * num_instances / 4 * (at_s + 5)), 20.0 * num_instances / 4, seed)
-    sim = ClusterSim(profile, num_instances, reqs, seed=seed)
-    i = 0
-    for r in sim.requests:
-        if r.arrival_s > at_s:
-            break
-        sim.advance(r.arrival_s)
-        while len(sim.queue) > 1:  # keep one request waiting: the head the router decides on
-            sim.dispatch(0, i % num_instances)
-            i += 1
-    sim.advance(at_s)
-    return sim
 
 
 def make_router(profile, num_instances: int, tmp: str, checkpoint: str | None = None) -> tuple[WorkloadGuidedRL, str]:
@@ -63,18 +46,6 @@ def make_router(profile, num_instances: int, tmp: str, checkpoint: str | None = 
         QPolicy(weights, {"num_instances": num_instances, "feature_spec": spec.as_dict(),
                           "max_defer_s": 30.0, "obs_low": [-x for x in wide], "obs_high": wide}).save(tmp)
         return WorkloadGuidedRL(num_instances, checkpoint=tmp), "random weights"
-
-
-def time_calls(fn, repeats: int) -> np.ndarray:
-    for _ in range(min(1000, repeats)):  # warm up
-        fn()
-    out = np.empty(repeats)
-    clock = time.perf_counter_ns
-    for k in range(repeats):
-        t0 = clock()
-        fn()
-        out[k] = clock() - t0
-    return out / 1000.0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,31 +14,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
+from _common import build_state, time_calls  # bench/_common.py, beside this script
 
 from lbbench.profiles import load_profile
 from lbbench.routers import get_router
 from lbbench.sim.cluster import ClusterSim
-from lbbench.workloads import paper_mix
 
 ROUTERS = ("least_requests", "kv_overlap", "token_affinity", "predicted_latency")
-
-
-def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:
-    rate = 20.0 * num_instances / 4
-    sim = ClusterSim(profile, num_instances, paper_mix(int(rate * (at_s + 5)), rate, seed), seed=seed)
-    i = 0
-    for r in sim.requests:
-        if r.arrival_s > at_s:
-            break
-        sim.advance(r.arrival_s)
-        while len(sim.queue) > 1:  # keep one request waiting: the head the router decides on
-            sim.dispatch(0, i % num_instances)
-            i += 1
-    sim.advance(at_s)
-    return sim
 
 
 def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
@@ -51,18 +35,6 @@ def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
         router.ttft_model.add(x, 0.05 + 1e-4 * x[2] + rng.exponential(0.02))
         router.tpot_model.add(x, 0.01 + 1e-4 * x[1] + rng.exponential(0.002))
     router.refit()
-
-
-def time_calls(fn, repeats: int) -> np.ndarray:
-    for _ in range(min(1000, repeats)):  # warm up
-        fn()
-    out = np.empty(repeats)
-    clock = time.perf_counter_ns
-    for k in range(repeats):
-        t0 = clock()
-        fn()
-        out[k] = clock() - t0
-    return out / 1000.0
 
 
 def main(argv: list[str] | None = None) -> int:
