@@ -28,7 +28,7 @@ FLAGS: dict[str, str] = {
     "seeds": "--seeds", "seed": "--seed", "burstiness": "--burstiness", "prompt_tokens": "--prompt-tokens",
     "output_tokens": "--output-tokens", "routers": "--router", "router_options": "--router-opt",
     "predictor": "--predictor", "timeline_interval_s": "--timeline-interval", "slo": "--slo", "jobs": "--jobs",
-    "endpoints": "--endpoint", "endpoint": "--endpoint", "launch_model": "--launch", "model": "--model",
+    "endpoints": "--endpoint", "endpoint": "--endpoint", "launch_model": "--launch", "launch_args": "--launch-args", "model": "--model",
     "api": "--api", "engine": "--engine", "prompt_mode": "--prompt-mode", "tokenizer": "--tokenizer",
     "vllm_python": "--vllm-python", "request_timeout_s": "--request-timeout", "checkpoint": "--checkpoint",
     "stream_workers": "--stream-workers", "load_workers": "--load-workers", "send_lead_s": "--send-lead",

@@ -64,8 +64,11 @@ def render_html(rows: list[dict[str, Any]], title: str, notes: list[str]) -> str
 
 
 @click.command("headroom")
-@click.option("--profile", default="llama2-7b-v100", show_default=True, help="Profile name or TOML path.")
-@click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--profile", default=None, help="Profile name or TOML path  [default: llama2-7b-v100].")
+@click.option("--instances", type=click.IntRange(min=1), default=None, help="Instances  [default: 4].")
+@click.option("--fleet", default=None, metavar="PROFILE:N[,PROFILE:N...]",
+              help="A mixed fleet, as `lbbench run --fleet` (replaces --profile and --instances); the planner "
+                   "charges each instance its own profile's costs.")
 @click.option("--workload", default="paper-mix", show_default=True, help="As `lbbench run --workload`.")
 @click.option("--trace", type=click.Path(dir_okay=False), default=None, help="Replay a trace file instead.")
 @click.option("--rate", default=None, help="Mean arrival rate in requests/s (default 20; with --trace: rescale).")
@@ -99,13 +102,14 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
     \b
     Example:
       lbbench headroom --profile llama2-7b-v100 --instances 4 --workload paper-mix --rate 20 --requests 2000
+      lbbench headroom --fleet llama3.1-8b-a100:2,llama3.1-8b-l4:2 --rate 60 --requests 500 --seeds 2
     """
     from ..experiment.headroom import run_headroom
     from .run import config_from_flags, run_cmd
 
     flags = dict(run_cmd.make_context("run", []).params)  # lbbench run's defaults for what headroom leaves out
-    flags.update({k: kw[k] for k in ("profile", "instances", "workload", "trace", "rate", "requests", "predictor",
-                                     "seeds", "seed", "burstiness", "jobs", "router_opts")})
+    flags.update({k: kw[k] for k in ("profile", "instances", "fleet", "workload", "trace", "rate", "requests",
+                                     "predictor", "seeds", "seed", "burstiness", "jobs", "router_opts")})
     asked = split_csv(kw["routers"])
     flags["routers"] = ",".join(dict.fromkeys(["round_robin", *asked, *(o.partition(".")[0] for o in
                                                                      kw["router_opts"])]))
@@ -118,8 +122,8 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
     from ..profiles import load_profile
     from ..routers.lookahead import _params
     _params(planner_opts)  # a bad planner option fails before anything runs
-    profile = load_profile(cfg.profile)
     cfg = cfg.resolved()
+    profile = load_profile(cfg.profile)
     cfg.check(profile)
     out = Path(kw["out_dir"] or f"runs/headroom-{Path(cfg.trace).stem if cfg.trace else cfg.workload}")
     from ..distributed import get_executor
@@ -127,7 +131,9 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
         res = run_headroom(cfg, out, routers=asked, num_tuning_seeds=kw["tuning_seeds"],
                            planner_options=planner_opts, reorder=kw["reorder"], executor=executor)
     rows = res.table.to_dicts()
-    title = (f"headroom: {cfg.profile} x{cfg.instances}, {cfg.trace or cfg.workload}, "
+    fleet = cfg.fleet_of(profile)
+    setup = f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}"
+    title = (f"headroom: {setup}, {cfg.trace or cfg.workload}, "
              f"{cfg.rate_per_s or 'trace'} req/s, {cfg.requests or 'all'} requests, seeds {cfg.seed}-"
              f"{cfg.seed + cfg.seeds - 1}, predictor {cfg.predictor}" + ("" if res.complete else "  [INCOMPLETE]"))
     notes = [f"best classical heuristic: {res.best_heuristic or '-'}, chosen among the classical heuristics on "

@@ -95,11 +95,14 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
 
 
 @click.command("serve-sim")
-@click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Emulated instances to serve.")
-@click.option("--profile", default="llama3.1-8b-a100", show_default=True,
+@click.option("--instances", type=click.IntRange(min=1), default=None,
+              help="Emulated instances to serve  [default: 2].")
+@click.option("--profile", default=None,
               help="Profile name or .toml path timing each instance (`zero`: steps of 1 us, for "
-                   "client benchmarks).")
+                   "client benchmarks)  [default: llama3.1-8b-a100].")
+@click.option("--fleet", default=None, metavar="PROFILE:N[,PROFILE:N...]",
+              help="A mixed fleet, as `lbbench run --fleet`: each instance timed by its entry's profile (replaces "
+                   "--profile and --instances). Endpoints are printed as URL@PROFILE, for `lbbench run --endpoint`.")
 @click.option("--port", "port_base", type=click.IntRange(1, 65535), default=8200, show_default=True,
               help="Port of the first instance; the others follow.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -113,19 +116,37 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
               help="Also write the endpoint URLs to this file.")
 @click.option("--allow-kill", is_flag=True,
               help="Fault injection: POST /lbbench/kill to an instance crashes it (drops its connections).")
-def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model_name: str | None,
-                  instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None,
+def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None, port_base: int, host: str,
+                  model_name: str | None, instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None,
                   allow_kill: bool) -> None:
-    """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator."""
-    from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
+    """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator.
 
+    \b
+    Examples:
+      lbbench serve-sim --profile llama3.1-8b-a100 --instances 2
+      lbbench serve-sim --fleet llama3.1-8b-a100:1,llama3.1-8b-l4:1 --endpoints-file eps.txt
+      lbbench run --endpoints eps.txt --router least_work_speed     # routers assume each URL@PROFILE
+    """
+    from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
+    from ..experiment.config import profile_ref
+    from ..fleet import FleetError, parse_fleet
     from ..profiles import ProfileError
 
+    profiles = None
+    if fleet is not None:
+        if profile is not None or instances is not None:
+            raise click.UsageError(f"--fleet names every instance's profile; give it or "
+                                   f"{'--profile' if profile is not None else '--instances'}, not both")
+        try:
+            profiles = parse_fleet(fleet).profiles()
+        except FleetError as exc:
+            raise click.BadParameter(str(exc).removeprefix("fleet: "), param_hint="--fleet") from None
     try:
-        prof = resolve_profile(profile)
+        prof = profiles[0] if profiles else resolve_profile(profile or "llama3.1-8b-a100")
     except ProfileError as exc:
         raise click.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
-    cfg = FleetConfig(prof, instances, host=host, port_base=port_base, model=model_name,
+    cfg = FleetConfig(prof, len(profiles) if profiles else instances or 2, profiles=profiles, host=host,
+                      port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
                       allow_kill=allow_kill)
@@ -136,8 +157,13 @@ def serve_sim_cmd(instances: int, profile: str, port_base: int, host: str, model
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await serve_forever(cfg, on_ready=lambda urls: _announce(
-                urls, f"emulated instance(s) of {prof.name}", endpoints_file))
+            what = f"emulated instance(s) of {prof.name}"
+            if profiles:  # each URL with the profile routers may assume of it
+                what = f"emulated instance(s) of fleet {parse_fleet(fleet).label}"
+                await serve_forever(cfg, on_ready=lambda urls: _announce(
+                    [f"{u}@{profile_ref(p)}" for u, p in zip(urls, profiles)], what, endpoints_file))
+            else:
+                await serve_forever(cfg, on_ready=lambda urls: _announce(urls, what, endpoints_file))
         except OSError as exc:
             raise click.BadParameter(str(exc).removeprefix("port: "), param_hint="--port") from None
 

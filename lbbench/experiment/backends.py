@@ -245,6 +245,8 @@ class LiveBackend:
     run_dir: RunDir | None
     reporter: Reporter
     launched: list[str] = field(default_factory=list)
+    #: each launched server: its endpoint, the variant's chunked prefill and its own engine arguments (run.toml)
+    launched_instances: list[dict] = field(default_factory=list)
     worker_rows: list[dict] = field(default_factory=list)
     #: the launched servers' cores and the client's (``Placement.as_dict``), for run.toml
     placement: dict | None = None
@@ -269,6 +271,7 @@ class LiveBackend:
             out["load_workers"] = self.worker_rows
         if self.launched:
             out["launched_endpoints"] = self.launched
+            out["launched_instances"] = self.launched_instances
             if self.placement is not None:
                 out["placement"] = self.placement
         return out
@@ -300,8 +303,12 @@ class LiveBackend:
         log_dir = self.run_dir.path / "logs" / f"chunked-{tag}" if self.run_dir else None
         with launch(cfg.launch_model, cfg.instances, chunked_prefill=variant.chunked_prefill,
                     vllm_python=cfg.vllm_python, scheduling_policy=policy, log_dir=log_dir,
-                    cpus_per_instance=cfg.cpus_per_instance, front_end=cfg.api_server_cores) as eps:
+                    cpus_per_instance=cfg.cpus_per_instance, front_end=cfg.api_server_cores,
+                    instance_args=cfg.launch_args) as eps:
             self.launched += list(eps)
+            self.launched_instances += [{"endpoint": url, "chunked_prefill": tag,
+                                         "engine_args": list(cfg.launch_args.get(i, []))}
+                                        for i, url in enumerate(eps)]
             self.placement = getattr(eps, "placement", None) and eps.placement.as_dict()
             if self.placement is not None and self.run_dir is not None:
                 self.run_dir.note(placement=self.placement)

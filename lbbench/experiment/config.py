@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
+from ..profiles import ProfileError, available_profiles, load_profile
 
 if TYPE_CHECKING:
-    from ..fleet import Fleet
     from ..profiles import Profile
 
 WORKLOADS = ("paper-mix", "paper-classes", "poisson")
@@ -95,6 +96,9 @@ class RunConfig:
     """Attach to these running OpenAI-compatible servers (one instance each)."""
     launch_model: str | None = None
     """Launch ``instances`` local vLLM servers of this model first (``tiny``: the small local test model)."""
+    launch_args: dict[int, list[str]] = field(default_factory=dict)
+    """Launched servers: more vLLM arguments for some instances, by index (one fleet, different engine settings,
+    e.g. ``{1: ["--no-enable-chunked-prefill"]}``)."""
     model: str | None = None
     """Model name requested from live endpoints (None: the first one served)."""
     api: str = "completions"
@@ -139,9 +143,6 @@ class RunConfig:
         """The fleet this config runs: ``fleet`` parsed; else, attached endpoints each with its ``@PROFILE`` (or
         ``profile``); else ``instances`` x ``profile`` (``profile``: the loaded ``self.profile``, or a profile a
         caller built in memory). Raises ``ConfigError`` naming ``fleet`` or ``endpoints``."""
-        from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
-        from ..profiles import ProfileError, load_profile
-
         if self.fleet is not None:
             try:
                 return parse_fleet(self.fleet)
@@ -158,7 +159,6 @@ class RunConfig:
                 try:
                     prof = load_profile(ref)
                 except ProfileError as exc:
-                    from ..profiles import available_profiles
                     known = ", ".join(available_profiles())
                     detail = (f"unknown profile {ref!r} (known: {known}; or a path to a .toml file)"
                               if not Path(ref).is_file() else " ".join(str(exc).split()))
@@ -175,8 +175,6 @@ class RunConfig:
     # -------------------------------------------------------------------------------------- defaults
     def resolved(self) -> RunConfig:
         """This config with the defaults that depend on other fields filled in (idempotent)."""
-        from ..fleet import Fleet, FleetEntry
-
         cfg = replace(self, routers=list(self.routers), orders=list(self.orders), rates=list(self.rates),
                       router_options={k: dict(v) for k, v in self.router_options.items()})
         if cfg.requests is None and not cfg.trace:
@@ -190,8 +188,7 @@ class RunConfig:
             cfg.orders = list(PAPER_CLASS_ORDERS)
         if cfg.fleet is not None:
             fleet = cfg.fleet_of()
-            first = fleet.entries[0].profile
-            cfg.profile = Fleet((FleetEntry(first, 1),)).spec().rpartition(":")[0]  # its shipped name, else path
+            cfg.profile = profile_ref(fleet.entries[0].profile)
             cfg.instances = fleet.num_instances
         if cfg.endpoints:
             cfg.instances = len(cfg.endpoints)
@@ -267,6 +264,12 @@ class RunConfig:
             raise ConfigError("choose load workers or stream workers, not both", "load_workers")
         if not 0 <= self.send_lead_s <= 1:
             raise ConfigError(f"{self.send_lead_s}: must be between 0 and 1 second", "send_lead_s")
+        if self.launch_args and not self.launch_model:
+            raise ConfigError("only for launched servers (--launch)", "launch_args")
+        for i in self.launch_args:
+            if not 0 <= i < self.instances:
+                raise ConfigError(f"no instance {i} among {self.instances} (0 to {self.instances - 1})",
+                                  "launch_args")
         if self.cpus_per_instance is not None and not self.launch_model:
             raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
         if self.api_server_cores not in ("client", "instance"):
@@ -328,6 +331,11 @@ class Variant:
     instance_scheduler: str
     chunked_prefill: bool | None
     order: str | None
+
+
+def profile_ref(profile: Profile) -> str:
+    """How a spec names ``profile``: its shipped name when that name loads it, else its file's path."""
+    return Fleet((FleetEntry(profile, 1),)).spec().rpartition(":")[0]
 
 
 def split_endpoint(text: str) -> tuple[str, str | None]:

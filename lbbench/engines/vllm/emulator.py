@@ -435,6 +435,8 @@ class EmulatedInstance:
 class FleetConfig:
     profile: Profile
     num_instances: int = 2
+    #: one profile per instance (a mixed fleet, ``Fleet.profiles()``); None: ``num_instances`` x ``profile``
+    profiles: list[Profile] | None = None
     host: str = "127.0.0.1"
     port_base: int | None = None  # None: free ports
     model: str | None = None
@@ -442,13 +444,16 @@ class FleetConfig:
     chunked_prefill: bool | None = None
     allow_kill: bool = False  # serve POST /lbbench/kill (fault injection)
 
+    def instance_profiles(self) -> list[Profile]:
+        return list(self.profiles) if self.profiles is not None else [self.profile] * self.num_instances
+
 
 async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
-    """Start ``cfg.num_instances`` emulated servers on consecutive (or free) ports."""
+    """Start one emulated server per instance, each timed by its own profile, on consecutive (or free) ports."""
     out = []
-    for i in range(cfg.num_instances):
+    for i, profile in enumerate(cfg.instance_profiles()):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
-        inst = EmulatedInstance(cfg.profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
+        inst = EmulatedInstance(profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
                                 chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill)
         try:
             await inst.start(cfg.host, port)

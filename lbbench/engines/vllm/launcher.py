@@ -279,8 +279,13 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
            command: Sequence[str] | None = None, stop_grace_s: float = 15.0,
            scheduling_policy: str | None = None,
            extra_env: dict[str, str] | None = None, cpu_executor: str | None = None,
-           cpus_per_instance: int | None = None, front_end: str = "client") -> Iterator[Endpoints]:
+           cpus_per_instance: int | None = None, front_end: str = "client",
+           instance_args: dict[int, Sequence[str]] | None = None) -> Iterator[Endpoints]:
     """Start vLLM servers, wait until healthy, yield their URLs, always stop them.
+
+    ``instance_args``: more vLLM arguments for some instances, by index, after ``extra_args`` (vLLM takes a
+    flag's last value, so ``{1: ["--no-enable-chunked-prefill"]}`` runs instance 1 without chunked prefill
+    whatever ``chunked_prefill`` says): one fleet whose instances run different engine settings.
 
     ``instances`` defaults to the number of visible GPUs (1 without GPUs).
     ``cpu_executor`` (CPU instances only): ``mp`` runs the model in a separate worker process, as vLLM's CPU
@@ -301,6 +306,9 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
         instances = max(1, len(gpus))
     if instances < 1:
         raise LaunchError("instances must be >= 1")
+    bad = sorted(i for i in (instance_args or {}) if not 0 <= i < instances)
+    if bad:
+        raise LaunchError(f"instance_args: no instance {bad[0]} among {instances} (0 to {instances - 1})")
     if gpus and instances > len(gpus):
         raise LaunchError(f"instances {instances}: only {len(gpus)} GPU(s) visible "
                           f"({','.join(gpus)})")
@@ -348,7 +356,8 @@ def launch(model: str, instances: int | None = None, *, chunked_prefill: bool | 
                     env["CUDA_VISIBLE_DEVICES"] = gpus[i]
                 args = server_args(model_path, served_name, port, chunked_prefill=chunked_prefill,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                   cpu=cpu, extra_args=extra_args, scheduling_policy=scheduling_policy)
+                                   cpu=cpu, extra_args=[*extra_args, *(instance_args or {}).get(i, ())],
+                                   scheduling_policy=scheduling_policy)
                 if prefix[-1] == "serve":  # `vllm serve MODEL ...` takes the model positionally
                     args = [args[1]] + args[2:]
                 cmd = prefix + args
