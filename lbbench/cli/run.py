@@ -86,8 +86,14 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         if not (name and key and eq):
             raise ConfigError(f"--router-opt {opt!r}: expected ROUTER.KEY=VALUE")
         router_options.setdefault(name, {})[key] = parse_value(value)
+    fleet = kw.get("fleet")
+    if fleet is not None:
+        given = [f for f in ("profile", "instances") if kw.get(f) is not None]
+        if given:
+            raise ConfigError(f"--fleet names every instance's profile; give it or --{given[0]}, not both")
     return RunConfig(
-        profile=kw["profile"], instances=kw["instances"], workload=kw["workload"], trace=kw["trace"],
+        profile=kw["profile"] or "llama2-7b-v100", instances=kw["instances"] or 4, fleet=fleet,
+        workload=kw["workload"], trace=kw["trace"],
         trace_options=trace_opts, rate_per_s=None if rates or kw["trace"] else 20.0, rates=rates,
         requests=kw["requests"], routers=routers, router_options=router_options,
         instance_schedulers=split_csv(kw["instance_scheduler"]), chunked_prefill=_chunked(kw["chunked_prefill"]),
@@ -97,7 +103,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         timeline_interval_s=kw["timeline_interval"] or None, slo=slo_limits(kw["slo"]),
         prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
-        endpoints=endpoints, launch_model=kw["launch_model"], model=kw["model"], api=kw["api"],
+        endpoints=endpoints, launch_model=kw["launch_model"],
+        launch_args=_launch_args(kw.get("launch_args", ())),
+        model=kw["model"], api=kw["api"],
         engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
         vllm_python=kw["vllm_python"], request_timeout_s=kw["request_timeout"],
         stream_workers=kw["stream_workers"], load_workers=_load_workers(kw.get("load_workers", "auto")),
@@ -107,10 +115,16 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 
 
 @click.command("run")
-@click.option("--profile", default="llama2-7b-v100", show_default=True,
-              help="Profile name (see `lbbench profiles`) or path to a profile TOML.")
-@click.option("--instances", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Number of instances (simulated or launched).")
+@click.option("--profile", default=None,
+              help="Profile name (see `lbbench profiles`) or path to a profile TOML  [default: llama2-7b-v100].")
+@click.option("--instances", type=click.IntRange(min=1), default=None,
+              help="Number of instances (simulated or launched)  [default: 4].")
+@click.option("--fleet", default=None, metavar="PROFILE:N[,PROFILE:N...]",
+              help="A mixed fleet of one model: each entry a profile name or TOML path and its instance count, "
+                   "e.g. llama3.1-8b-a100:2,llama3.1-8b-l4:2 (instances 0-1 on the first). Replaces --profile and "
+                   "--instances (giving either with it is an error); --profile P --instances N is the fleet P:N. "
+                   "Routers that take one profile are given the first entry's; capacity-aware ones read each "
+                   "instance's spec.")
 @click.option("--workload", default="paper-mix", show_default=True,
               help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | shared-prefix[:K=V,...] | "
                    "dataset:FILE.jsonl (ignored with --trace).")
@@ -158,12 +172,18 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory (default runs/<timestamp>-<workload>).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--endpoint", "endpoints", multiple=True,
-              help="Attach to a running OpenAI-compatible server (repeat per instance).")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="URL[@PROFILE]",
+              help="Attach to a running OpenAI-compatible server (repeat per instance). URL@PROFILE: routers may "
+                   "assume that profile of it (its KV tokens, max_num_seqs, speed), for a mixed live fleet; "
+                   "without it, --profile with the KV capacity the engine reports.")
 @click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), default=None,
               help="File with one endpoint URL per line.")
 @click.option("--launch", "launch_model", default=None,
               help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
+@click.option("--launch-args", "launch_args", multiple=True, metavar="I:ARGS",
+              help="With --launch: more vLLM arguments for launched instance I (from 0), e.g. "
+                   "'1:--no-enable-chunked-prefill' runs instance 1 without chunked prefill and instance 0 as "
+                   "launched (repeatable): one fleet with different engine settings, each recorded in run.toml.")
 @click.option("--model", default=None, help="Model name to request from endpoints (default: the first served).")
 @click.option("--api", type=click.Choice(["completions", "chat"]), default="completions", show_default=True)
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
@@ -206,7 +226,9 @@ def run_cmd(**kw: Any) -> None:
       lbbench run --router round_robin,jsq,least_requests --instance-scheduler fcfs,priority --seeds 5
       lbbench run --profile llama3.1-8b-a100 --trace azure.csv --rate 2,5,10 --slo ttft=1,e2e=30
       lbbench run --router round_robin,jsq,min_min --rate 10,20,30 --seeds 5 --ray   # units as Ray tasks
+      lbbench run --fleet llama3.1-8b-a100:2,llama3.1-8b-l4:2 --router round_robin,least_work_speed
       lbbench run --launch tiny --instances 2 --workload poisson --rate 4 --requests 100   # real vLLM (CPU)
+      lbbench run --launch tiny --instances 2 --launch-args "1:--no-enable-chunked-prefill" --requests 20
       lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
       lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
     """
@@ -266,6 +288,24 @@ def _say_rejections(path: Path, profile: Any) -> None:
         first = other["error"][0].splitlines()[0][:160]
         err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
                           f"in {path} with its error", highlight=False, soft_wrap=True)
+
+
+def _launch_args(values: Any) -> dict[int, list[str]]:
+    """``("1:--no-enable-chunked-prefill --max-num-seqs 8", ...)`` -> ``{1: [...]}`` (shell words)."""
+    import shlex
+
+    out: dict[int, list[str]] = {}
+    for v in values:
+        index, sep, args = v.partition(":")
+        try:
+            i = int(index)
+            words = shlex.split(args)
+        except ValueError:
+            i, words = -1, []
+        if not sep or i < 0 or not words:
+            raise ConfigError(f"{v!r}: expected I:ARGS, an instance index from 0 and vLLM arguments", "launch_args")
+        out.setdefault(i, []).extend(words)
+    return out
 
 
 def _load_workers(value: str) -> int | None:
@@ -331,7 +371,9 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
-    where = f"live x{cfg.instances}" if cfg.backend == "live" else f"{cfg.profile} x{cfg.instances}"
+    fleet = cfg.fleet_of()
+    where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
+             else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
     rate = ",".join(f"{r:g}" for r in cfg.rates) if cfg.rates else (cfg.rate_per_s or "trace")
     title = (f"{where}, {cfg.trace or cfg.workload}, "
              f"{rate} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
@@ -358,6 +400,12 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
                       + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
     if keys:
         _print_pivot(console, summary, keys)
+    if not fleet.is_uniform and (out_dir / "requests.parquet").is_file():  # how each kind of instance fared
+        import polars as pl
+
+        from ..reports.render import to_rich
+        from ..reports.tables import instances_table
+        to_rich([instances_table(pl.scan_parquet(out_dir / "requests.parquet"), cfg.group_keys())], console)
     console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
 
 
