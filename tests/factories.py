@@ -20,3 +20,19 @@ def tiny_profile(**overrides) -> Profile:
 
 def req(i: int, arrival_s: float, prompt: int, output: int, task: str | None = None) -> Request:
     return Request(request_id=i, arrival_s=arrival_s, prompt_tokens=prompt, output_tokens=output, task=task)
+
+
+def run_sessions(router_name: str):
+    """Three tiny instances with prefix caching serve 120 multi-turn session requests (shared system prompts)
+    routed by ``router_name``; returns ``(router, requests, records)``."""
+    from lbbench.routers import get_router
+    from lbbench.sim.cluster import ClusterSim
+    from lbbench.workloads.sessions import SessionSpec, sessions
+
+    prof = tiny_profile(num_kv_blocks=400, block_size=4, max_model_len=1200, max_num_batched_tokens=1200,
+                        max_num_seqs=16)
+    reqs = sessions(120, 20.0, 0, SessionSpec(system=64, prompts=2, turns=3, user=16, output=16, think=0.5,
+                                                block=4), max_model_len=1200)
+    router = get_router(router_name, num_instances=3, seed=0, profile=prof)
+    recs = ClusterSim(prof, 3, reqs, check_invariants=True, prefix_caching=True).run(router)
+    return router, reqs, recs

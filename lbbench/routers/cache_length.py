@@ -40,9 +40,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..core import ClusterView, Decision, Event, Failed, Finished, FirstToken, Preempted, Request
+from ..core import ClusterView, Decision, Event, Request
 from ..profiles import Profile, load_profile
 from .heuristics import _Base
+from .kv_overlap import PendingPrefill
 from .prefix_tree import PrefixTrees
 from .registry import register
 
@@ -67,28 +68,11 @@ class CacheLengthAware(_Base):
         self.session_spread = bool(session_spread)
         self.slot_filter = bool(slot_filter)
         self.trees = PrefixTrees(num_instances, int(lru_tokens or self.prof.kv_capacity_tokens))
-        self.pending = [0] * num_instances  # uncached prompt tokens dispatched, no first token yet
-        self._sent: dict[int, tuple[int, int, int]] = {}  # request id -> (instance, uncached, prompt)
-        self._waiting: set[int] = set()  # request ids counted in ``pending``
+        self.prefill = PendingPrefill(num_instances)  # uncached prompt tokens dispatched, no first token yet
 
     # ------------------------------------------------------------------ events
     def on_event(self, ev: Event) -> None:
-        rid = getattr(ev, "request_id", None)
-        if rid is None or rid not in self._sent:
-            return
-        inst, uncached, prompt = self._sent[rid]
-        if isinstance(ev, FirstToken) and rid in self._waiting:
-            self._waiting.discard(rid)
-            self.pending[inst] -= uncached
-        elif isinstance(ev, Preempted) and rid not in self._waiting:
-            self._waiting.add(rid)  # it recomputes; count its prompt again as queued work
-            self._sent[rid] = (inst, prompt, prompt)
-            self.pending[inst] += prompt
-        elif isinstance(ev, (Finished, Failed)):
-            if rid in self._waiting:
-                self._waiting.discard(rid)
-                self.pending[inst] -= uncached
-            del self._sent[rid]
+        self.prefill.on_event(ev)
 
     # ------------------------------------------------------------------ routing
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
@@ -98,6 +82,7 @@ class CacheLengthAware(_Base):
         out = max(1, r.expected_output_tokens)
         # a session's first turn places the whole conversation: place it by load, not by a shared system prompt
         first_turn = self.session_spread and r.session_id is not None and not r.turn
+        pending = self.prefill.tokens
         costs: dict[int, float] = {}
         headroom: dict[int, float] = {}
         for iv in view.instances:
@@ -111,7 +96,7 @@ class CacheLengthAware(_Base):
             ctx = iv.context_tokens + r.prompt_tokens + out / 2
             step = base + b * (n_dec + 1) + c * ctx
             mean_left = iv.predicted_tokens_remaining / max(1, iv.num_outstanding)
-            ttft = a * (self.pending[iv.index] + uncached) + base
+            ttft = a * (pending[iv.index] + uncached) + base
             excess = iv.num_outstanding + 1 - iv.spec.max_num_seqs
             if excess > 0:  # no free sequence slot: it waits for finishes (n_dec finish per mean_left steps)
                 ttft += excess * mean_left * step / max(1, n_dec)
@@ -122,7 +107,7 @@ class CacheLengthAware(_Base):
             if self.headroom_rule == "footprint":
                 need = iv.predicted_footprint_tokens + uncached + out
             else:  # KV of the decoding requests now + uncached prompts queued + this request's growth
-                need = iv.context_tokens + self.pending[iv.index] + uncached + out
+                need = iv.context_tokens + pending[iv.index] + uncached + out
             headroom[iv.index] = (1 - self.kv_slack) * cap - need
         if not costs:
             return None
@@ -135,8 +120,6 @@ class CacheLengthAware(_Base):
             inst = self._argmin(view, lambda iv: -headroom.get(iv.index, float("-inf")))
         assert inst is not None
         hit = min(self.trees.match_tokens(inst, r), r.prompt_tokens - 1)
-        self._sent[r.request_id] = (inst, r.prompt_tokens - hit, r.prompt_tokens)
-        self._waiting.add(r.request_id)
-        self.pending[inst] += r.prompt_tokens - hit
+        self.prefill.dispatched(r, inst, r.prompt_tokens - hit)
         self.trees.insert(inst, r)
         return Decision(0, inst)

@@ -33,12 +33,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..core import ClusterView, Decision, Event, Failed, Finished, FirstToken, Preempted, Request
 from ..errors import InputError
 from ..profiles import Profile
-from .heuristics import _Base
+from .heuristics import _Seeded
 from .prefix_tree import PrefixTrees
 from .registry import register
 
@@ -101,11 +99,11 @@ def softmax_pick(costs: Sequence[float], temperature: float, u: float) -> int:
 
 @register("kv_overlap", "NVIDIA Dynamo's KV router: lowest overlap_weight x prefill blocks to compute + decode "
                         "blocks, softmax at a temperature (" + DYNAMO_SOURCE + ")")
-class KvOverlap(_Base):
+class KvOverlap(_Seeded):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
                  overlap_weight: float = 1.0, temperature: float = 0.0, block_tokens: int = 16,
                  lru_tokens: int | None = None, **kw: Any):
-        super().__init__(num_instances, seed, profile, **kw)
+        super().__init__(num_instances, seed, profile=profile, **kw)
         if not (math.isfinite(overlap_weight) and overlap_weight >= 0):
             raise InputError(f"kv_overlap: overlap_weight must be >= 0, got {overlap_weight}")
         if not (math.isfinite(temperature) and temperature >= 0):
@@ -118,11 +116,6 @@ class KvOverlap(_Base):
         cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
         self.trees = PrefixTrees(num_instances, int(cap))
         self.prefill = PendingPrefill(num_instances)
-        self._rng = np.random.default_rng(seed)
-
-    def reset(self, seed: int | None = None) -> None:
-        super().reset(seed)
-        self._rng = np.random.default_rng(self.seed if seed is None else seed)
 
     def on_event(self, ev: Event) -> None:
         self.prefill.on_event(ev)

@@ -31,12 +31,10 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..core import ClusterView, Decision, Event, Request
 from ..errors import InputError
 from ..profiles import Profile
-from .heuristics import _Base
+from .heuristics import _Seeded
 from .kv_overlap import PendingPrefill
 from .prefix_tree import PrefixTrees
 from .registry import register
@@ -48,12 +46,12 @@ LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/scheduling/filter/p
 @register("token_affinity", "llm-d's optimized baseline, sticky until saturated: prefix affinity (>= 80 % of the "
                             "prompt) until the sticky instance's prefill backlog trails the best other's by 18 s, "
                             "then the fewest in-flight tokens (" + LLMD_SOURCE + ")")
-class TokenAffinity(_Base):
+class TokenAffinity(_Seeded):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
                  affinity_threshold: float = 0.80, max_ttft_penalty_s: float = 18.0,
                  peak_prefill_tokens_per_s: float | None = None, queue_threshold_tokens: int = 4_194_304,
                  exploration_probability: float = 0.0, lru_tokens: int | None = None, **kw: Any):
-        super().__init__(num_instances, seed, profile, **kw)
+        super().__init__(num_instances, seed, profile=profile, **kw)
         if not 0 <= affinity_threshold <= 1:
             raise InputError(f"token_affinity: affinity_threshold must be in [0, 1], got {affinity_threshold}")
         if not (math.isfinite(max_ttft_penalty_s) and max_ttft_penalty_s >= 0):
@@ -75,11 +73,6 @@ class TokenAffinity(_Base):
         self.trees = PrefixTrees(num_instances, int(cap))
         self.inflight = PendingPrefill(num_instances)
         self.home: dict[int, int] = {}  # session -> instance of its last turn
-        self._rng = np.random.default_rng(seed)
-
-    def reset(self, seed: int | None = None) -> None:
-        super().reset(seed)
-        self._rng = np.random.default_rng(self.seed if seed is None else seed)
 
     def on_event(self, ev: Event) -> None:
         self.inflight.on_event(ev)

@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 from lbbench.core import ClusterState, Dispatched, FirstToken, InstanceHealth, InstanceSpec, Request
 from lbbench.routers import available_routers, get_router
 from lbbench.routers.prefix_tree import PrefixTrees, prompt_chains
-from lbbench.sim.cluster import ClusterSim
-from factories import tiny_profile
+from factories import run_sessions, tiny_profile
 
 NEW = ["cache_aware", "prefix_load", "session_affinity", "cache_length_aware"]
 
@@ -90,19 +89,19 @@ def test_cache_length_aware_weighs_the_hit_against_queued_prefill():
     big = [hreq(i, prompt=640, hashes=range(40)) for i in range(4)]
     first = r.route([big[0]], st.view(), 0.0).instance
     st.apply(Dispatched(big[0], first, 0.0))
-    assert r.pending[first] == 640
+    assert r.prefill.tokens[first] == 640
     # while its 640 tokens are queued there, the same prompt is as fast elsewhere (no queue, no hit)
     # and the tie goes to the other instance
     other = r.route([big[1]], st.view(), 0.0).instance
-    assert other != first and r.pending[other] == 640
+    assert other != first and r.prefill.tokens[other] == 640
     st.apply(Dispatched(big[1], other, 0.0))
     for rid, inst in ((0, first), (1, other)):
         st.apply(FirstToken(rid, inst, 0.1))
         r.on_event(FirstToken(rid, inst, 0.1))
-    assert r.pending == [0, 0]
+    assert r.prefill.tokens == [0, 0]
     # now the whole prompt is expected cached at both (but its last token): 1 uncached token queues
     third = r.route([big[2]], st.view(), 0.0).instance
-    assert r.pending[third] == 1
+    assert r.prefill.tokens[third] == 1
     st.apply(Dispatched(big[2], third, 0.0))
     # a prompt sharing nothing goes where less prefill is queued
     assert r.route([hreq(9, prompt=32, hashes=(99, 98))], st.view(), 0.0).instance != third
@@ -139,14 +138,7 @@ def test_routers_return_a_valid_healthy_instance(name, n, down, loads):
 
 @pytest.mark.parametrize("name", NEW)
 def test_end_to_end_in_the_simulator(name):
-    from lbbench.workloads.sessions import SessionSpec, sessions
-    prof = tiny_profile(num_kv_blocks=400, block_size=4, max_model_len=1200, max_num_batched_tokens=1200,
-                        max_num_seqs=16)
-    reqs = sessions(120, 20.0, 0, SessionSpec(system=64, prompts=2, turns=3, user=16, output=16, think=0.5,
-                                                block=4), max_model_len=1200)
-    router = get_router(name, num_instances=3, seed=0, profile=prof)
-    sim = ClusterSim(prof, 3, reqs, check_invariants=True, prefix_caching=True)
-    recs = sim.run(router)
+    _, reqs, recs = run_sessions(name)
     assert sorted(r.request_id for r in recs) == list(range(len(reqs)))
     assert name in available_routers()
     assert sum(r.cached_prompt_tokens for r in recs) > 0

@@ -12,8 +12,7 @@ from lbbench.errors import InputError
 from lbbench.routers import available_routers, get_router
 from lbbench.routers.heuristics import LeastRequests
 from lbbench.routers.kv_overlap import softmax_pick
-from lbbench.sim.cluster import ClusterSim
-from factories import tiny_profile
+from factories import run_sessions, tiny_profile
 
 NEW = ["kv_overlap", "token_affinity", "predicted_latency"]
 SPEC = InstanceSpec(kv_capacity_tokens=100_000, prefill_tokens_per_s=1000.0)
@@ -220,13 +219,7 @@ def test_cli_says_one_line_and_exits_2():
 
 @pytest.mark.parametrize("name", NEW)
 def test_end_to_end_in_the_simulator(name):
-    from lbbench.workloads.sessions import SessionSpec, sessions
-    prof = tiny_profile(num_kv_blocks=400, block_size=4, max_model_len=1200, max_num_batched_tokens=1200,
-                        max_num_seqs=16)
-    reqs = sessions(120, 20.0, 0, SessionSpec(system=64, prompts=2, turns=3, user=16, output=16, think=0.5,
-                                                block=4), max_model_len=1200)
-    router = get_router(name, num_instances=3, seed=0, profile=prof)
-    recs = ClusterSim(prof, 3, reqs, check_invariants=True, prefix_caching=True).run(router)
+    router, reqs, recs = run_sessions(name)
     assert sorted(r.request_id for r in recs) == list(range(len(reqs)))
     assert sum(r.cached_prompt_tokens for r in recs) > 0
     if name == "predicted_latency":
