@@ -214,6 +214,17 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--send-lead", type=float, default=0.02, show_default=True,
               help="Live runs with load workers: seconds before an arrival that the router decides it and hands it "
                    "to its worker.")
+@click.option("--find-rate", is_flag=True, default=False,
+              help="Search, per router x instance scheduler, the highest rate at which --slo holds for "
+                   "--attainment of requests (exponential probe, bisection, paired seeds); every probe is a run "
+                   "in --out.")
+@click.option("--find-rate-start", type=float, default=10.0, show_default=True,
+              help="--find-rate: the first rate probed, requests/s.")
+@click.option("--find-rate-tol", type=float, default=0.02, show_default=True,
+              help="--find-rate: stop when the bracket's top is within this share of its bottom.")
+@click.option("--find-rate-max", type=float, default=None, help="--find-rate: the highest rate probed.")
+@click.option("--attainment", type=float, default=0.99, show_default=True,
+              help="--find-rate: the share of requests that must meet every --slo limit, in (0, 1].")
 @click.option("--timeline-interval", type=float, default=1.0, show_default=True,
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
 @trace_transform_options
@@ -234,6 +245,10 @@ def run_cmd(**kw: Any) -> None:
     """
     from ..profiles import load_profile
 
+    if kw["find_rate"]:
+        from ..planning.find_rate import find_rate_cli
+        find_rate_cli(config_from_flags(kw), kw)
+        return
     cfg = config_from_flags(kw).resolved()
     profile = load_profile(cfg.profile)
     cfg.check(profile)  # before any long work starts
