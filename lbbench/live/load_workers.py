@@ -42,7 +42,7 @@ from ..distributed.executors import UnitError
 from ..distributed.ray_cluster import node_address
 from .clock import ClockOffset, measure_offset
 from .http import HttpBackend
-from .workers import WorkerSettings, send_and_report
+from .workers import BatchedEmit, WorkerSettings, send_and_report
 
 _LEN = struct.Struct("!I")
 #: the worker's scheduler wakes this much before a planned send and yields to other callbacks until it is due
@@ -155,7 +155,7 @@ class Frames:
 
 
 # -- the worker ------------------------------------------------------------------------------------------------
-class _Worker:
+class _Worker(BatchedEmit):
     def __init__(self, sock: socket.socket, clock: ClockOffset, settings: LoadWorkerSettings):
         self.sock = sock
         self.offset_s = clock.offset_s
@@ -260,15 +260,7 @@ class _Worker:
                 self._arm()
 
     # -- sending -----------------------------------------------------------------------------------------------
-    def _emit(self, item: tuple) -> None:
-        self.outbox.append(item)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        batch, self.outbox = self.outbox, []
+    def _send_batch(self, batch: list[tuple]) -> None:
         self.out.write(batch)
 
     async def _one(self, req: Request, inst: int, raw: bytes) -> None:

@@ -59,7 +59,31 @@ class WorkerSettings:
     warm_connections: int
 
 
-class _Worker:
+class BatchedEmit:
+    """What a worker emits in one turn of its event loop goes out as one batch, on the next turn: ``_emit``
+    queues an item, ``_send_batch`` (the subclass's) sends the batch. The subclass sets ``outbox = []``,
+    ``_flush_pending = False`` and ``loop``."""
+
+    outbox: list[tuple]
+    _flush_pending: bool
+    loop: asyncio.AbstractEventLoop
+
+    def _emit(self, item: tuple) -> None:
+        self.outbox.append(item)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        batch, self.outbox = self.outbox, []
+        self._send_batch(batch)
+
+    def _send_batch(self, batch: list[tuple]) -> None:
+        raise NotImplementedError
+
+
+class _Worker(BatchedEmit):
     def __init__(self, conn: Any, settings: WorkerSettings):
         self.conn = conn
         self.s = settings
@@ -109,15 +133,7 @@ class _Worker:
         except (EOFError, OSError):  # the dispatcher went away
             self.stopped.set()
 
-    def _emit(self, item: tuple) -> None:
-        self.outbox.append(item)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        batch, self.outbox = self.outbox, []
+    def _send_batch(self, batch: list[tuple]) -> None:
         try:
             self.conn.send(batch)
         except (BrokenPipeError, OSError):

@@ -10,22 +10,14 @@ import time
 import tomllib
 
 import numpy as np
-import polars as pl
 import pytest
 from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.core import Request
-from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, zero_latency_profile
 from lbbench.experiment.config import auto_load_workers
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
-
-
-@pytest.fixture(scope="module")
-def fleet():
-    with EmulatorFleet(FleetConfig(zero_latency_profile(), 2)) as f:
-        yield f
 
 
 def _requests(n: int, rate: float, seed: int = 5) -> list[Request]:
@@ -107,15 +99,8 @@ def test_auto_load_workers_from_the_rate_and_the_cores():
     assert auto_load_workers(None, 8) == 0
 
 
-def test_load_workers_through_the_cli(fleet, tmp_path):
-    args = ["run", "--workload", "poisson", "--rate", "60", "--requests", "60", "--prompt-tokens", "32",
-            "--output-tokens", "8", "--router", "round_robin", "--load-workers", "2",
-            "--profile", "llama3.1-8b-a100", "--out", str(tmp_path), "--format", "json"]
-    for url in fleet.endpoints:
-        args += ["--endpoint", url]
-    res = CliRunner().invoke(main, args)
-    assert res.exit_code == 0, res.output
-    df = pl.read_parquet(tmp_path / "requests.parquet")
+def test_load_workers_through_the_cli(fleet, run_on_fleet, tmp_path):
+    res, df = run_on_fleet("--rate", "60", "--requests", "60", "--router", "round_robin", "--load-workers", "2")
     assert df.height == 60 and df["error"].null_count() == 60 and (df["generated_tokens"] == 8).all()
     assert set(df["load_worker"].to_list()) == {0, 1} and df["clock_offset_s"].null_count() == 0
     doc = tomllib.loads((tmp_path / "run.toml").read_text())

@@ -5,22 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import polars as pl
 import pytest
 from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.core import Request
-from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, zero_latency_profile
 from lbbench.harness.replay import run_replay
 from lbbench.live.workers import StreamWorkers, WorkerSettings
 from lbbench.routers import get_router
-
-
-@pytest.fixture(scope="module")
-def fleet():
-    with EmulatorFleet(FleetConfig(zero_latency_profile(), 2)) as f:
-        yield f
 
 
 def _requests(n: int = 60, rate: float = 100.0) -> list[Request]:
@@ -64,15 +56,9 @@ def test_a_worker_that_dies_is_reported_to_the_dispatcher(fleet):
     assert errors and "stream worker 0 exited" in str(errors[0])
 
 
-def test_stream_workers_through_the_cli(fleet, tmp_path):
-    args = ["run", "--workload", "poisson", "--rate", "50", "--requests", "40", "--prompt-tokens", "32",
-            "--output-tokens", "8", "--router", "round_robin,least_requests", "--stream-workers", "2",
-            "--profile", "llama3.1-8b-a100", "--out", str(tmp_path), "--format", "json"]
-    for url in fleet.endpoints:
-        args += ["--endpoint", url]
-    res = CliRunner().invoke(main, args)
-    assert res.exit_code == 0, res.output
-    df = pl.read_parquet(tmp_path / "requests.parquet")
+def test_stream_workers_through_the_cli(run_on_fleet):
+    _, df = run_on_fleet("--rate", "50", "--requests", "40", "--router", "round_robin,least_requests",
+                         "--stream-workers", "2")
     assert df.height == 80 and df["error"].null_count() == 80
     assert (df["generated_tokens"] == 8).all()
     res = CliRunner().invoke(main, ["run", "--stream-workers", "-1"])
