@@ -25,7 +25,7 @@ from ..workloads.trace_transform import transform_trace
 from ..workloads.traces import read_trace
 from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig, get_scheme
 from .data import Example, prompt_fingerprint, stratified_split
-from .metrics import LengthBaseline, majority_bucket
+from .metrics import LengthBaseline, bucket_expected_tokens, majority_bucket
 
 CONFIG_FILE = "config.json"
 MODEL_FILE = "model.pkl"
@@ -116,14 +116,9 @@ def train_metadata_model(train: Sequence[Example], scheme: BucketScheme, estimat
 
         model = DummyClassifier(strategy="most_frequent")
     model.fit(x, y)
-    per_bucket: dict[int, list[int]] = {}
-    for e, b in zip(train, y):
-        per_bucket.setdefault(b, []).append(e.output_tokens)
-    expected = [round(sum(v) / len(v)) if (v := per_bucket.get(b)) else scheme.expected(b)
-                for b in range(scheme.num_buckets)]
     config = MetadataModelConfig(
         scheme=scheme.to_dict(), tasks=tasks, estimator=estimator,
-        bucket_expected_tokens=[max(1, v) for v in expected],
+        bucket_expected_tokens=bucket_expected_tokens([e.output_tokens for e in train], y, scheme),
         length_baseline=LengthBaseline.fit([e.prompt_tokens for e in train], y).to_dict(),
         majority_bucket=majority_bucket(y),
         train_fingerprints=sorted({prompt_fingerprint(e.prompt) for e in train}),

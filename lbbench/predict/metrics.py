@@ -16,15 +16,29 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .base import BucketScheme
 
 
 def majority_bucket(buckets: Sequence[int]) -> int:
     """Most common bucket (the lowest index on ties)."""
     counts = Counter(buckets)
     return min(counts, key=lambda b: (-counts[b], b)) if counts else 0
+
+
+def bucket_expected_tokens(output_tokens: Sequence[int], buckets: Sequence[int], scheme: BucketScheme) -> list[int]:
+    """Per bucket of ``scheme``: the mean output length of the training examples in it (rounded, at least 1),
+    or the scheme's own expected length where none fell in it."""
+    per_bucket: dict[int, list[int]] = {}
+    for n, b in zip(output_tokens, buckets):
+        per_bucket.setdefault(b, []).append(n)
+    expected = [round(sum(v) / len(v)) if (v := per_bucket.get(b)) else scheme.expected(b)
+                for b in range(scheme.num_buckets)]
+    return [max(1, v) for v in expected]
 
 
 @dataclass(frozen=True)

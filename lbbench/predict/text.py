@@ -39,7 +39,7 @@ from ..core import Request
 from .base import BucketScheme, Prediction, PredictorSpecError, TrainedModelConfig
 from .data import Example, prompt_fingerprint
 from .features import default_encoder
-from .metrics import LengthBaseline, majority_bucket
+from .metrics import LengthBaseline, bucket_expected_tokens, majority_bucket
 
 HINT_TEMPLATE = "This is a {task} task. "
 CONFIG_FILE = "config.json"
@@ -375,14 +375,10 @@ def train_text_model(train: Sequence[Example], scheme: BucketScheme, cfg: TextTr
             f"({time.perf_counter() - t0:.0f} s)")
     net.eval()
 
-    per_bucket: dict[int, list[int]] = {}
-    for e, b in zip(train, y_bucket):
-        per_bucket.setdefault(b, []).append(e.output_tokens)
-    expected = [round(sum(v) / len(v)) if (v := per_bucket.get(b)) else scheme.expected(b)
-                for b in range(scheme.num_buckets)]
     config = TextModelConfig(
         scheme=scheme.to_dict(), tasks=tasks, train={**asdict(cfg), "encoder": encoder},
-        encoder_source=encoder, bucket_expected_tokens=[max(1, x) for x in expected],
+        encoder_source=encoder,
+        bucket_expected_tokens=bucket_expected_tokens([e.output_tokens for e in train], y_bucket, scheme),
         length_baseline=LengthBaseline.fit([e.prompt_tokens for e in train], y_bucket).to_dict(),
         majority_bucket=majority_bucket(y_bucket),
         train_fingerprints=sorted({prompt_fingerprint(e.prompt) for e in train}),
