@@ -9,7 +9,9 @@ directory under ``out_dir``):
 2. ``baselines``: the production routers (``lbbench.reports.reference.BASELINE_ROUTERS``) and ``random`` on
    the ``fcfs`` and vLLM ``priority`` instance schedulers; the strongest combination is found by
    ``lbbench.reports.reference`` (the same rule as ``lbbench run`` and ``lbbench paper``: chosen on the
-   reported seeds, which favours the baseline).
+   reported seeds, which favours the baseline). On a mixed fleet the capacity-aware routers
+   (``CAPACITY_ROUTERS``) join them, and the planner's base defaults to ``best`` (the cheapest of several bases
+   on a fork): the FIFO KV gate it starts from on a uniform fleet assumes equal instances.
 3. ``routers``: the best classical heuristic and every router asked for, on ``fcfs``.
 4. ``planner`` and ``planner-reorder``: the oracle planner ``lookahead`` in the paper's action space and with
    reordering (labelled ``lookahead+reorder``).
@@ -33,6 +35,7 @@ from typing import Any
 
 import polars as pl
 
+from ..reports.reference import BASELINE_ROUTERS
 from .config import ConfigError, RunConfig
 from .runner import run_experiment
 from .units import Reporter
@@ -61,6 +64,10 @@ class HeadroomResult:
     best_baseline: str | None
     complete: bool
     path: Path
+
+
+#: deployable routers that weigh each instance by its own speed: baselines on a mixed fleet
+CAPACITY_ROUTERS: tuple[str, ...] = ("weighted_round_robin", "jsq_speed", "least_work_speed", "mcu")
 
 
 def tuning_seeds(cfg: RunConfig, n: int) -> list[int]:
@@ -98,6 +105,9 @@ def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | No
     asked = [r for r in (routers or []) if r not in (PLANNER, PLANNER_REORDER)]
     tune = tuning_seeds(cfg, num_tuning_seeds)
     plan_opts = {k: v for k, v in (planner_options or {}).items() if k != "reorder"}
+    mixed = not cfg.fleet_of().is_uniform
+    if mixed:  # the FIFO KV gate assumes equal instances: on a mixed fleet the planner starts from the best base
+        plan_opts.setdefault("base", "best")
     frames: list[pl.DataFrame] = []
     complete = True
     best: str | None = None
@@ -120,8 +130,8 @@ def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | No
                      .group_by("router").agg(pl.col("m").mean()).sort("m"))
             best = means["router"][0]
         if complete:
-            from ..reports.reference import BASELINE_ROUTERS
-            base = list(dict.fromkeys(["round_robin", "random", *BASELINE_ROUTERS]))
+            base = list(dict.fromkeys(["round_robin", "random", *BASELINE_ROUTERS,
+                                       *(CAPACITY_ROUTERS if mixed else ())]))
             part("baselines", routers=base, instance_schedulers=list(COMBO_SCHEDULERS), router_options={})
         others = [r for r in dict.fromkeys(([best] if best else []) + asked)
                   if r not in ("round_robin", "random", "jsq", "least_requests", "power_of_two")]
