@@ -9,6 +9,8 @@ A run directory holds
 - ``timeline.parquet``: per-instance samples over time — simulated, or scraped from live ``/metrics``
   (older live runs wrote them to ``metrics.parquet``, which is still read);
 - ``summary.parquet``: the summary with the gain against the strongest baseline;
+- ``decisions.parquet`` (``--decisions``): one row per routing decision of every unit
+  (``lbbench.experiment.decisions.DECISION_SCHEMA``, with the unit's columns);
 - ``partial/<unit>/requests.partial.jsonl`` (live runs): each record appended as its request ends, so an
   interrupted run keeps everything it measured.
 
@@ -41,6 +43,7 @@ TIMELINE_FILE = "timeline.parquet"
 #: live runs before the timeline was one file wrote scraped samples here
 METRICS_FILE = "metrics.parquet"
 SUMMARY_FILE = "summary.parquet"
+DECISIONS_FILE = "decisions.parquet"
 RUN_TOML = "run.toml"
 PARTIAL_DIR = "partial"
 
@@ -181,6 +184,7 @@ class RunDir:
         self.fleet = fleet
         self.frames: list[pl.DataFrame] = []
         self.timelines: list[pl.DataFrame] = []
+        self.decisions: list[pl.DataFrame] = []
 
     def start(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -197,11 +201,14 @@ class RunDir:
         """Where a live unit appends its records as they complete."""
         return self.path / PARTIAL_DIR / label
 
-    def add(self, requests: pl.DataFrame | None, timeline: pl.DataFrame | None) -> None:
+    def add(self, requests: pl.DataFrame | None, timeline: pl.DataFrame | None,
+            decisions: pl.DataFrame | None = None) -> None:
         if requests is not None:
             self.frames.append(requests)
         if timeline is not None and timeline.height:
             self.timelines.append(timeline)
+        if decisions is not None:
+            self.decisions.append(decisions)
 
     def finish(self, complete: bool, extra: dict[str, Any] | None = None) -> pl.DataFrame:
         """Write the tables and the final ``run.toml``; returns the summary."""
@@ -211,6 +218,8 @@ class RunDir:
         df, summary = summarize_frames(self.frames, self.cfg.group_keys(), slo)
         timeline = pl.concat(self.timelines, how="diagonal_relaxed") if self.timelines else None
         write_tables(self.path, df, timeline, summary)
+        if self.decisions:
+            pl.concat(self.decisions, how="diagonal_relaxed").write_parquet(self.path / DECISIONS_FILE)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,
                        extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {})},
                        fleet=self.fleet)

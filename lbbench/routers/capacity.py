@@ -103,6 +103,11 @@ class LeastWorkSpeed(_Base):
         p, o = request.prompt_tokens, request.expected_output_tokens
         return self._argmin(view, lambda iv: drain_time_s(iv, p, o))
 
+    def scores(self, request: Request, view: ClusterView) -> list[float] | None:
+        """Per instance, the drain time ``pick`` minimises (inf: unhealthy)."""
+        p, o = request.prompt_tokens, request.expected_output_tokens
+        return [drain_time_s(iv, p, o) if iv.healthy else float("inf") for iv in view.instances]
+
 
 @register("min_min_speed", "Min-Min over the queue with each instance's own speed: the request and instance "
           "with the earliest expected completion (ready time + the request's time there)")

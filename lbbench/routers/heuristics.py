@@ -56,6 +56,13 @@ class _Base:
     def pick(self, request: Request, view: ClusterView) -> int | None:
         return self._argmin(view, self.cost)
 
+    def scores(self, request: Request, view: ClusterView) -> list[float] | None:
+        """Per instance, what ``pick`` minimises (``cost``; inf: unhealthy), read without changing the router;
+        None when the router has no such figure (decision traces, ``lbbench.experiment.decisions``)."""
+        if type(self).cost is _Base.cost or type(self).pick is not _Base.pick:
+            return None
+        return [self.cost(iv) if iv.healthy else float("inf") for iv in view.instances]
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         inst = self.pick(queue[0], view)
         return None if inst is None else Decision(0, inst)

@@ -135,6 +135,11 @@ class KvOverlap(_Seeded):
             out[i] = (w * prefill_blocks + decode_blocks, uncached)
         return out
 
+    def scores(self, request: Request, view: ClusterView) -> list[float]:
+        """Per instance, the cost in blocks ``route`` minimises (inf: unhealthy)."""
+        costs = self.costs(request, view)
+        return [costs[i][0] if i in costs else math.inf for i in range(len(view.instances))]
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         r = queue[0]
         costs = self.costs(r, view)

@@ -267,6 +267,22 @@ class PredictedLatency(_Base):
         self._last = pick
         return pick
 
+    def scores(self, request: Request, view: ClusterView) -> list[float]:
+        """Per instance (inf: unhealthy): the predicted E2E, TTFT + TPOT x expected output (before the models are
+        fitted: the outstanding requests ``route`` then minimises). With SLOs ``route`` picks by headroom
+        instead, which these predictions feed."""
+        out = max(1, request.expected_output_tokens)
+        vals = []
+        for iv in view.instances:
+            if not iv.healthy:
+                vals.append(math.inf)
+            elif not self.fitted:
+                vals.append(float(iv.num_outstanding))
+            else:
+                t, p = self.predict(self.features(request, iv))
+                vals.append(t + p * out)
+        return vals
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         r = queue[0]
         healthy = [iv for iv in view.instances if iv.healthy]

@@ -35,7 +35,11 @@ records the per-feature range of its training states (``obs_low`` /
 features are O(1)-scaled), the router does not consult the network and routes
 with its guidance heuristic instead: the least mixing penalty (the paper's
 ``r_mix``, ``lbbench.routers.mixing``) with the profile's parameters recorded
-in the checkpoint. ``num_fallbacks`` counts those decisions.
+in the checkpoint. ``num_fallbacks`` counts those decisions. A checkpoint
+whose metadata names a ``fallback`` router (one trained with a deployable
+router as its teacher, ``lbbench train --teacher least_work_speed`` on a mixed
+fleet) falls back to that router instead, here and under the validation gate:
+on a fleet of unequal instances the mixing penalty is blind to speed.
 
 **Validation gate** (``gate=True``, the default). Training validates the
 exported network *and* its guidance heuristic on the same validation workloads
@@ -337,6 +341,13 @@ class RLRouter:
                                    or instance_scheduler == trained_sched else (trained_sched, instance_scheduler))
         self.heuristic_only = bool(gate and self.mixing is not None
                                    and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
+        # a checkpoint trained with a deployable router as teacher (a capacity-aware heuristic, on a mixed fleet)
+        # falls back to that router, not to the speed-blind mixing heuristic
+        self.fallback = None
+        if meta.get("fallback"):
+            from lbbench.routers.registry import get_router
+            self.fallback = get_router(str(meta["fallback"]), num_instances=num_instances, seed=seed)
+            self.heuristic_only = bool(gate and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
         self.num_fallbacks = 0
         self.num_decisions = 0
         self.num_instances = num_instances
@@ -347,6 +358,8 @@ class RLRouter:
     def reset(self, seed: int | None = None) -> None:
         if seed is not None:
             self.seed = seed
+        if self.fallback is not None:
+            self.fallback.reset(seed)
 
     def act(self, obs: np.ndarray, mask: np.ndarray, prior: Sequence[float] | None = None) -> int:
         """Greedy valid action for an observation (lowest index on ties), the
@@ -362,6 +375,25 @@ class RLRouter:
             return True
         return bool(np.all(obs >= self._low) and np.all(obs <= self._high))
 
+    def queue_scores(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> list[float] | None:
+        """Per instance, lower preferred (inf: masked): the network's Q-values negated (with the residual prior),
+        or the guidance heuristic's penalties when it routes; read without changing the router."""
+        if not queue:
+            return None
+        mask = action_mask(queue, view, now_s, self.max_defer_s)[:self.num_instances]
+        pens = None
+        if self.heuristic_only or self.mixing is not None or self.prior_scale > 0:
+            pens = penalties(self.mixing, view, queue[0], self.estimator)
+        if self.heuristic_only:
+            vals = [float(p) for p in pens]
+        else:
+            obs = self.featurize(queue, view)
+            q = np.asarray(self.policy.q_values(obs), np.float64)[:self.num_instances]
+            if self.prior_scale > 0:
+                q = q + np.asarray(heuristic_prior(pens, mask, self.prior_scale), np.float64)[:self.num_instances]
+            vals = [float(-x) for x in q]
+        return [v if ok else float("inf") for v, ok in zip(vals, mask)]
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         if not queue:
             return None
@@ -370,6 +402,9 @@ class RLRouter:
         if not mask[:self.num_instances].any():  # no healthy instance: the only valid action is to defer
             return None
         obs = None if self.heuristic_only else self.featurize(queue, view)
+        if self.fallback is not None and (self.heuristic_only or not self.in_distribution(obs)):
+            self.num_fallbacks += 1
+            return self.fallback.route(queue, view, now_s)
         if self.heuristic_only or (self.mixing is not None and not self.in_distribution(obs)):
             self.num_fallbacks += 1
             pens = penalties(self.mixing, view, queue[0], self.estimator)

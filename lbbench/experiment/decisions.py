@@ -1,0 +1,174 @@
+"""Decision traces: what a router read, what it chose, and (simulated) what each alternative would have cost.
+
+``DecisionRecorder`` wraps a unit's router (``lbbench run --decisions``). At every ``route`` call it records the
+time, the queue length, the head request (id, prompt, predicted output), per instance the features the view
+offers (outstanding, prefilling, pending prompt tokens, KV in use and its share of capacity, predicted tokens
+left), the choice (instance and request, or a deferral) and the alternatives' scores where the router has them:
+``scores(request, view)`` or ``queue_scores(queue, view, now_s)``, one value per instance, lower preferred
+(inf: not a candidate), read before ``route`` so that a stateful router is not disturbed.
+
+**Counterfactuals** (``counterfactual=K``, simulator only): at every ``every``-th decision the simulator is
+forked (``ClusterSim.clone``) once per candidate: the chosen action and the K best other instances by score
+(instance order after the chosen one when the router has no scores; every instance when K >= their number;
+after a deferral, the chosen action is the deferral). On each fork the chosen request (the head after a
+deferral) goes to the candidate instance, then a fresh router of the same kind and options routes from that
+epoch on, and the fork is costed as the planner costs its rollouts (``lookahead.rollout_cost``: E2E from the
+decision, ``horizon_s`` ahead, the fluid estimate past it, the planner's per-instance costs). The decision's
+regret is the chosen action's cost minus the cheapest candidate's (>= 0: the chosen one is a candidate), in
+seconds of summed E2E. This is the planner's own evaluation (``lookahead.evaluate``) with the unit's router as
+the base policy (tested equal on an exact horizon).
+
+``frame()`` gives the ``decisions.parquet`` rows of the unit (``DECISION_SCHEMA``); ``rundir`` writes them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import polars as pl
+
+from ..core import ClusterView, Decision, Request
+from ..routers.late_binding import LateBindingRouter
+from ..routers.lookahead import GateIdleGuard, LookaheadParams, instance_costs, rollout_cost
+
+#: the planner's default horizon: counterfactuals are costed as its rollouts are
+DEFAULT_HORIZON_S = LookaheadParams().horizon_s
+
+DECISION_SCHEMA: dict[str, Any] = {
+    "decision": pl.Int64, "time_s": pl.Float64, "queue_len": pl.Int64, "head_request_id": pl.Int64,
+    "head_prompt_tokens": pl.Int64, "head_predicted_output_tokens": pl.Int64,
+    "chosen_instance": pl.Int64, "chosen_request_id": pl.Int64,
+    "outstanding": pl.List(pl.Int64), "prefilling": pl.List(pl.Int64), "pending_prompt_tokens": pl.List(pl.Int64),
+    "context_tokens": pl.List(pl.Int64), "kv_usage": pl.List(pl.Float64),
+    "predicted_tokens_remaining": pl.List(pl.Int64), "scores": pl.List(pl.Float64),
+    "cf_instances": pl.List(pl.Int64), "cf_costs": pl.List(pl.Float64), "chosen_cost_s": pl.Float64,
+    "regret_s": pl.Float64,
+}
+"""``chosen_instance`` null: a deferral. ``scores`` null: the router offers none. ``cf_instances`` (-1: the
+deferral) and ``cf_costs``: the candidates' rollout costs, null where no counterfactual was run."""
+
+#: types of the unit's columns that a literal would not give (a null order, a small seed)
+UNIT_TYPES: dict[str, Any] = {"seed": pl.Int64, "order": pl.Utf8, "rate_per_s": pl.Float64}
+
+
+class DecisionRecorder:
+    """A router that records every decision of the router it wraps (everything else is the wrapped router's)."""
+
+    def __init__(self, router: Any, counterfactual: int = 0, every: int = 1, horizon_s: float = DEFAULT_HORIZON_S,
+                 factory: Callable[[], Any] | None = None):
+        self.router = router
+        self.counterfactual = counterfactual
+        self.every = max(1, every)
+        self.horizon_s = horizon_s
+        if counterfactual and factory is None:
+            raise ValueError("counterfactuals need a factory of fresh routers like the wrapped one")
+        self.factory = factory  # a fresh router like the wrapped one, for the forks
+        self.sim: Any = None
+        self.num_counterfactuals = 0
+        self._rows: dict[str, list] = {k: [] for k in DECISION_SCHEMA}
+        self._scores = getattr(router, "scores", None)
+        self._queue_scores = getattr(router, "queue_scores", None)
+
+    def __getattr__(self, name: str) -> Any:  # needs_detail, on_event, run_notes, ...: the wrapped router's
+        if name == "router":
+            raise AttributeError(name)
+        return getattr(self.router, name)
+
+    @property
+    def name(self) -> str:
+        return self.router.name
+
+    def bind_simulator(self, sim: Any) -> None:
+        self.sim = sim
+        bind = getattr(self.router, "bind_simulator", None)
+        if bind is not None:
+            bind(sim)
+
+    def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
+        head = queue[0]
+        scores = self._queue_scores(queue, view, now_s) if self._queue_scores is not None else (
+            self._scores(head, view) if self._scores is not None else None)
+        decision = self.router.route(queue, view, now_s)
+        rows = self._rows
+        n = len(rows["decision"])
+        rows["decision"].append(n)
+        rows["time_s"].append(now_s)
+        rows["queue_len"].append(len(queue))
+        rows["head_request_id"].append(head.request_id)
+        rows["head_prompt_tokens"].append(head.prompt_tokens)
+        rows["head_predicted_output_tokens"].append(head.expected_output_tokens)
+        rows["chosen_instance"].append(None if decision is None else decision.instance)
+        rows["chosen_request_id"].append(None if decision is None else queue[decision.queue_index].request_id)
+        ivs = view.instances
+        rows["outstanding"].append([iv.num_outstanding for iv in ivs])
+        rows["prefilling"].append([iv.num_prefilling for iv in ivs])
+        rows["pending_prompt_tokens"].append([iv.prompt_tokens_pending for iv in ivs])
+        rows["context_tokens"].append([iv.context_tokens for iv in ivs])
+        rows["kv_usage"].append([iv.context_tokens / max(1, iv.spec.kv_capacity_tokens) for iv in ivs])
+        rows["predicted_tokens_remaining"].append([iv.predicted_tokens_remaining for iv in ivs])
+        rows["scores"].append(None if scores is None else [float(s) for s in scores])
+        cf = None
+        if self.counterfactual and self.sim is not None and n % self.every == 0:
+            cf = self._counterfactual(decision, scores, len(ivs))
+        if cf is None:
+            for k in ("cf_instances", "cf_costs", "chosen_cost_s", "regret_s"):
+                rows[k].append(None)
+        else:
+            insts, costs = cf
+            rows["cf_instances"].append(insts)
+            rows["cf_costs"].append(costs)
+            rows["chosen_cost_s"].append(costs[0])
+            rows["regret_s"].append(costs[0] - min(costs))
+        return decision
+
+    # ------------------------------------------------------------------ counterfactuals
+    def candidates(self, decision: Decision | None, scores: Sequence[float] | None, n: int) -> list[int | None]:
+        """The chosen instance (None: the deferral) first, then up to K others, best scores first."""
+        chosen = None if decision is None else decision.instance
+        others = [i for i in range(n) if i != chosen]
+        if scores is not None:
+            others = [i for i in sorted(others, key=lambda i: (scores[i], i)) if math.isfinite(scores[i])]
+        elif chosen is not None:
+            others.sort(key=lambda i: (i - chosen) % n)
+        return [chosen] + others[:self.counterfactual]
+
+    def _counterfactual(self, decision: Decision | None, scores: Sequence[float] | None, n: int
+                        ) -> tuple[list[int], list[float]]:
+        sim = self.sim
+        qi = 0 if decision is None else decision.queue_index
+        pending = list(sim.dispatcher.decided)
+        costs = instance_costs(sim)
+        insts, out = [], []
+        for inst in self.candidates(decision, scores, n):
+            action = None if inst is None else Decision(qi, inst)
+            out.append(counterfactual_cost(sim, action, self.factory, pending,
+                                           self.horizon_s, costs))
+            insts.append(-1 if inst is None else inst)
+        self.num_counterfactuals += 1
+        return insts, out
+
+    def frame(self, extra: dict[str, Any]) -> pl.DataFrame:
+        """The unit's ``decisions.parquet`` rows, with the unit's columns ``extra``."""
+        df = pl.DataFrame(self._rows, schema=DECISION_SCHEMA)
+        return df.with_columns([pl.lit(v, UNIT_TYPES.get(k)).alias(k) for k, v in extra.items()])
+
+
+def counterfactual_cost(sim: Any, action: Decision | None, make_router: Callable[[], Any],
+                        pending: Sequence[tuple[Request, int]], horizon_s: float, costs: Any = None) -> float:
+    """Cost of taking ``action`` (None: deferring) at ``sim``'s current epoch after the ``pending`` dispatches,
+    then routing with a fresh ``make_router()``: ``lookahead.evaluate``'s rollout with that router as the base."""
+    fork = sim.clone()
+    now, first = fork.now_s, len(fork.records)
+    disp = fork.dispatcher
+    out = list(pending)
+    if action is not None:
+        out.append((disp.dispatch(action.queue_index, action.instance, now), action.instance))
+    router = make_router()
+    fork.set_router(router)
+    if action is not None:
+        out += disp.decide(now)
+    fork.send(out)
+    if isinstance(router, LateBindingRouter):
+        disp.guard = GateIdleGuard(fork, router)
+    return rollout_cost(fork, now, horizon_s, first, costs)
