@@ -113,6 +113,28 @@ def _means(records_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
     return {k: float(np.median([r[k] for r in per_run])) for k in ("mean_tbt_s", "mean_ttft_s", "mean_e2e_s")}
 
 
+def _live_means(live_runs: Sequence[Sequence[RequestRecord]]) -> dict[str, float]:
+    """``_means`` of the live replays, refused where there is nothing to fit (no records, no TBT)."""
+    if not live_runs or not all(live_runs):
+        raise CalibrationError("calibration needs at least one live replay with records")
+    live = _means(live_runs)
+    if not (math.isfinite(live["mean_tbt_s"]) and live["mean_tbt_s"] > 0):
+        raise CalibrationError("the calibration replay has no time between tokens (give outputs of 2+ tokens)")
+    return live
+
+
+def _settle(one_round: Callable[[float, float, int], tuple[float, float, float]]) -> tuple[float, float, int]:
+    """Rounds of ``one_round(prefill, decode, rounds) -> (prefill, decode, moved)`` from factors 1 and 1 until
+    one moves them by less than ``TOLERANCE``: the factors and the rounds taken."""
+    sp = sd = 1.0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        sp, sd, moved = one_round(sp, sd, rounds)
+        if moved < TOLERANCE:
+            return sp, sd, rounds
+    raise CalibrationError(f"the prefill and decode factors did not settle in {MAX_ROUNDS} rounds "
+                           f"(last x{sp:.3g} / x{sd:.3g})")
+
+
 def _bisect(f: Callable[[float], float], target: float, what: str, *, iterations: int) -> float:
     """The factor in [MIN_SCALE, MAX_SCALE] at which the increasing ``f`` equals ``target`` (log-scale bisection);
     :class:`CalibrationError` when the bracket does not hold it."""
@@ -186,19 +208,14 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
         raise CalibrationError(f"ttft fit {ttft!r}: choose from {', '.join(TTFT_FITS)}")
     if ttft == "split":
         return _fit_split(profile, live_runs, simulate, iterations=iterations)
-    if not live_runs or not all(live_runs):
-        raise CalibrationError("calibration needs at least one live replay with records")
-    live = _means(live_runs)
+    live = _live_means(live_runs)
     live_tbt, live_ttft, live_e2e = live["mean_tbt_s"], live["mean_ttft_s"], live["mean_e2e_s"]
-    if not (math.isfinite(live_tbt) and live_tbt > 0):
-        raise CalibrationError("the calibration replay has no time between tokens (give outputs of 2+ tokens)")
     bracket = f"factors {MIN_SCALE:g}-{MAX_SCALE:g} of profile {profile.name}"
 
     def sim(sp: float, sd: float, key: str) -> float:
         return stats(simulate(scaled(profile, sp, sd)))[key]
 
-    sp = sd = 1.0
-    for rounds in range(1, MAX_ROUNDS + 1):
+    def one_round(sp: float, sd: float, rounds: int) -> tuple[float, float, float]:
         new_sd = _bisect(lambda x: sim(sp, x, "mean_tbt_s"), live_tbt, iterations=iterations,
                          what=f"the live mean TBT ({live_tbt * 1e3:.2f} ms) is outside what decode-step {bracket} "
                               f"give (with the prefill costs x{sp:.3g})")
@@ -207,13 +224,9 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
                               f"(with the decode-step costs x{new_sd:.3g} and the measured API overhead "
                               f"{profile.api_overhead_s * 1e3:.2f} ms)")
         new_sd, new_sp = _damped(sd, new_sd, rounds), _damped(sp, new_sp, rounds)
-        moved = max(abs(new_sd / sd - 1), abs(new_sp / sp - 1))
-        sp, sd = new_sp, new_sd
-        if moved < TOLERANCE:
-            break
-    else:
-        raise CalibrationError(f"the prefill and decode factors did not settle in {MAX_ROUNDS} rounds "
-                               f"(last x{sp:.3g} / x{sd:.3g})")
+        return new_sp, new_sd, max(abs(new_sd / sd - 1), abs(new_sp / sp - 1))
+
+    sp, sd, rounds = _settle(one_round)
     return Calibration(prefill_scale=sp, decode_scale=sd, api_overhead_s=profile.api_overhead_s,
                        live_mean_tbt_s=live_tbt, live_mean_ttft_s=live_ttft, live_mean_e2e_s=live_e2e,
                        sim_before=stats(simulate(profile)), sim_after=stats(simulate(scaled(profile, sp, sd))),
@@ -222,12 +235,8 @@ def fit(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
 
 def _fit_split(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
                simulate: Callable[[Profile], Sequence[RequestRecord]], *, iterations: int) -> Calibration:
-    if not live_runs or not all(live_runs):
-        raise CalibrationError("calibration needs at least one live replay with records")
-    live = _means(live_runs)
+    live = _live_means(live_runs)
     live_tbt = live["mean_tbt_s"]
-    if not (math.isfinite(live_tbt) and live_tbt > 0):
-        raise CalibrationError("the calibration replay has no time between tokens (give outputs of 2+ tokens)")
     threshold = int(np.median([r.prompt_tokens for r in live_runs[0]]))
     live_short, live_long = _ttft_halves(live_runs, threshold)
     bracket = f"factors {MIN_SCALE:g}-{MAX_SCALE:g} of profile {profile.name}"
@@ -236,8 +245,7 @@ def _fit_split(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
     def sim(sp: float, sd: float) -> Sequence[RequestRecord]:
         return simulate(scaled(base, sp, sd))
 
-    sp = sd = 1.0
-    for rounds in range(1, MAX_ROUNDS + 1):
+    def one_round(sp: float, sd: float, rounds: int) -> tuple[float, float, float]:
         # the API overhead shifts every first token and finish alike: it moves neither the TBT nor the difference
         new_sd = _bisect(lambda x: stats(sim(sp, x))["mean_tbt_s"], live_tbt, iterations=iterations,
                          what=f"the live mean TBT ({live_tbt * 1e3:.2f} ms) is outside what decode-step {bracket} "
@@ -250,14 +258,10 @@ def _fit_split(profile: Profile, live_runs: Sequence[Sequence[RequestRecord]],
         new_sp = _argmin_log(misfit, iterations=iterations)
         # the prefill factor is a best fit on a misfit the event-driven simulator makes flat and ragged near its
         # minimum; it follows the decode factor, so the rounds stop when the decode factor settles
-        new_sd = _damped(sd, new_sd, rounds)
-        moved = abs(new_sd / sd - 1)
-        sp, sd = new_sp, new_sd
-        if moved < TOLERANCE:
-            break
-    else:
-        raise CalibrationError(f"the prefill and decode factors did not settle in {MAX_ROUNDS} rounds "
-                               f"(last x{sp:.3g} / x{sd:.3g})")
+        damped_sd = _damped(sd, new_sd, rounds)
+        return new_sp, damped_sd, abs(damped_sd / sd - 1)
+
+    sp, sd, rounds = _settle(one_round)
     sim_short, sim_long = _ttft_halves([sim(sp, sd)], threshold)
     overhead = max(0.0, ((live_short - sim_short) + (live_long - sim_long)) / 2)
     after = profile.with_overrides(api_overhead_s=overhead)
