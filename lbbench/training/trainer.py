@@ -15,7 +15,8 @@ Then what a checkpoint is made of: ``export_policy`` (the greedy network as a
 numpy ``QPolicy``/``SharedQPolicy``, see ``lbbench.routers.rl.policy``),
 ``validate`` (mean E2E on validation workloads through ``ClusterSim.run``, as
 ``lbbench run`` routes), ``checkpoint_meta`` (what it was trained on, the
-mixing parameters of its fallback heuristic) and ``save_checkpoint`` (the
+mixing parameters of its fallback heuristic; with a deployable router as teacher, ``fallback``: that
+router) and ``save_checkpoint`` (the
 selected network with the range of its training states, for the router's
 out-of-distribution guard; ``last/``; the curves; ``config.json``; and with
 ``validation_gate`` the gate's verdict: unless the network beats its guidance
@@ -42,6 +43,7 @@ from lbbench.routers.rl.policy import ROUTER_CLASSES, QPolicy, SharedQPolicy
 from lbbench.training.config import TrainConfig
 from lbbench.training.curve import CURVE_FILE, PLOT_FILE, save_plot
 from lbbench.training.episodes import make_sim
+from lbbench.training.teachers import ROUTER_TEACHERS
 
 MAX_GRAD_NORM = 10.0  #: every update's gradient is clipped to this norm
 
@@ -375,6 +377,8 @@ def checkpoint_meta(cfg: TrainConfig, prof: Profile, spec: FeatureSpec) -> dict:
             "train_config": _jsonable(dataclasses.asdict(cfg)), "lbbench_version": __version__}
     if cfg.fleet:
         meta["fleet"] = meta["trained_on"]["fleet"] = cfg.fleet
+    if cfg.teacher in ROUTER_TEACHERS:  # the router's fallback (OOD guard, gate): its deployable teacher
+        meta["fallback"] = cfg.teacher
     return meta
 
 

@@ -110,6 +110,7 @@ def test_training_on_a_two_instance_mixed_fleet_smoke(tmp_path, monkeypatch):
     pol = load_policy(tmp_path)
     assert pol.meta["fleet"] == pol.meta["trained_on"]["fleet"] == cfg.fleet
     assert pol.meta["num_instances"] == 2 and pol.meta["feature_spec"]["capacity_features"] is True
+    assert pol.meta["fallback"] == "least_work_speed"  # the OOD guard and the gate fall back to the teacher
     import polars as pl
     lc = pl.read_parquet(tmp_path / "learning_curve.parquet")
     assert {"network", "heuristic", "round_robin", "least_work_speed"} <= set(lc["policy"].to_list())
@@ -119,6 +120,13 @@ def test_training_on_a_two_instance_mixed_fleet_smoke(tmp_path, monkeypatch):
     router = WorkloadGuidedRL(2, checkpoint=tmp_path, gate=False)
     recs = ClusterSim.for_fleet(fleet, reqs).run(router)
     assert all(r.finish_s is not None for r in recs) and router.num_decisions >= 20
+    # gated to its heuristic, the router routes exactly as its fallback router
+    from lbbench.routers.registry import get_router
+    gated = WorkloadGuidedRL(2, checkpoint=tmp_path, instance_scheduler="priority")
+    assert gated.heuristic_only
+    a = ClusterSim.for_fleet(fleet, reqs).run(gated)
+    b = ClusterSim.for_fleet(fleet, reqs).run(get_router("least_work_speed", num_instances=2))
+    assert [r.instance for r in a] == [r.instance for r in b]
 
 
 def test_cli_refuses_a_bad_fleet(tmp_path):

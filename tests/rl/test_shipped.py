@@ -7,7 +7,8 @@ import pytest
 
 from lbbench.profiles import load_profile
 from lbbench.routers import get_router
-from lbbench.routers.rl.policy import SHIPPED_DIR, VARIANTS, QPolicy, shipped_checkpoint
+from lbbench.fleet import parse_fleet
+from lbbench.routers.rl.policy import SHIPPED_DIR, VARIANTS, QPolicy, shipped_checkpoint, shipped_fleet_checkpoint
 from lbbench.sim.cluster import ClusterSim
 from lbbench.workloads import paper_mix
 
@@ -30,9 +31,14 @@ def test_shipped_checkpoint_routes(where):
     assert len(meta["obs_low"]) == len(meta["obs_high"]) and "mixing" in meta
     # lbbench run finds it from the profile, the instance count, the workload and engine mode it was trained on
     chunked = bool(trained["chunked_prefill"])
-    assert shipped_checkpoint(variant, profile.name, m, trained["workload"], chunked) == where
+    fleet = parse_fleet(meta["fleet"]) if meta.get("fleet") else None
+    if fleet is not None:  # a mixed fleet's: found from the fleet
+        assert meta["fleet"] == trained["fleet"] and fleet.num_instances == m
+        assert shipped_fleet_checkpoint(variant, fleet) == where
+    else:
+        assert shipped_checkpoint(variant, profile.name, m, trained["workload"], chunked) == where
     router = get_router(variant, num_instances=m, seed=0, profile=profile, workload=trained["workload"],
-                        chunked_prefill=chunked)
+                        chunked_prefill=chunked, fleet=fleet)
     # the validation gate ran, on seeds away from the evaluation seeds, and decided the routing mode
     v = meta["validation"]
     assert min(v["seeds"]) > 1000 and meta["gate"] in ("network", "heuristic")
@@ -40,6 +46,8 @@ def test_shipped_checkpoint_routes(where):
     # what it was trained on names no machine's paths
     paths = (meta["train_config"]["trace"], trained["predictor"].split(":", 1)[-1])
     assert not any(str(x).startswith(("/", "~")) or ".." in str(x) for x in paths), paths
-    recs = ClusterSim(profile, m, paper_mix(60, 20.0, 3), seed=3).run(router)
+    reqs = paper_mix(60, 20.0, 3)
+    recs = (ClusterSim.for_fleet(fleet, reqs, seed=3) if fleet is not None
+            else ClusterSim(profile, m, reqs, seed=3)).run(router)
     assert len(recs) == 60
     assert all(0 <= r.instance < m and r.dispatch_s >= r.arrival_s for r in recs)
