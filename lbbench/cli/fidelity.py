@@ -19,6 +19,7 @@ import click
 
 from .common import launch_as_profile, requests_for
 from .flags import backend_and_workload_options, load_options
+from .profile import ttft_fit_option
 
 
 def _placement(urls) -> dict | None:
@@ -40,10 +41,7 @@ def _placement(urls) -> dict | None:
               help="With --calibrate-on: the router of the calibration replays.")
 @click.option("--calibration-seed", type=int, default=1, show_default=True,
               help="With --calibrate-on: seed of the calibration requests (a spec's seed= wins).")
-@click.option("--ttft-fit", type=click.Choice(["mean", "split"]), default="split", show_default=True,
-              help="How the calibration fits the time to first token: split fits the per-token prefill cost to "
-                   "how TTFT grows with the prompt (longer half against shorter half) and the API overhead to the "
-                   "shorter half (transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
+@ttft_fit_option(default="split")
 @click.option("--warmup-requests", type=click.IntRange(min=0), default=20, show_default=True,
               help="With --calibrate-on: replay the first N requests of every workload once before the repeats "
                    "and leave them out of every figure (a fresh engine's first replays run slow); 0: none.")

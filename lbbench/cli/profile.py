@@ -21,6 +21,15 @@ def write_profile_toml(profile: dict, out: str | Path) -> Path:
     return out
 
 
+def ttft_fit_option(default: str):
+    """``--ttft-fit`` of the calibration (``profile calibrate`` and ``fidelity --calibrate-on``)."""
+    return click.option(
+        "--ttft-fit", type=click.Choice(["mean", "split"]), default=default, show_default=True,
+        help="How the calibration fits the time to first token: split fits the per-token prefill cost to how TTFT "
+             "grows with the prompt (longer half against shorter half) and the API overhead to the shorter half "
+             "(transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
+
+
 @click.group("profile")
 def profile() -> None:
     """Make profiles: from first principles (derive) or from a live engine (measure)."""
@@ -269,10 +278,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
               help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
 @click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
 @click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
-@click.option("--ttft-fit", type=click.Choice(["mean", "split"]), default="mean", show_default=True,
-              help="How the calibration fits the time to first token: split fits the per-token prefill cost to "
-                   "how TTFT grows with the prompt (longer half against shorter half) and the API overhead to the "
-                   "shorter half (transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
+@ttft_fit_option(default="mean")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="runs/calibrate-logs", show_default=True)
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
