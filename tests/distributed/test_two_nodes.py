@@ -51,13 +51,7 @@ def _records(run: Path) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def rc():
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("CI installs the ray extra (make venv-dev); `import ray` failed")
-        pytest.skip("needs the ray extra: pip install 'lbbench[ray]'")
+def rc(ray_module):
     from lbbench.distributed import ray_cluster
     return ray_cluster
 
