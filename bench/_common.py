@@ -1,18 +1,53 @@
-"""What several bench scripts share: a loaded cluster snapshot and a timing loop."""
+"""What several bench scripts share: a loaded cluster snapshot and a timing loop; the datasets folder, a log
+line and torch's threads for the predictor benches."""
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lbbench.sim.cluster import ClusterSim
-from lbbench.workloads import paper_mix
+if TYPE_CHECKING:
+    from lbbench.sim.cluster import ClusterSim
+
+#: the shared datasets folder beside the checkout
+DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def log(line: str) -> None:
+    """A progress line on stderr (stdout keeps the results)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def torch_one_thread() -> None:
+    """Torch, where installed, on one thread."""
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
+
+def snapshot_args(ap: argparse.ArgumentParser, profile: str, at_s: float) -> None:
+    """The options of ``build_state`` and the timing loop: --profile, --instances, --at-s, --repeats, --seed."""
+    ap.add_argument("--profile", default=profile)
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--at-s", type=float, default=at_s, help="virtual time of the snapshot")
+    ap.add_argument("--repeats", type=int, default=20000)
+    ap.add_argument("--seed", type=int, default=0)
 
 
 def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:
     """Paper-mix at 20 req/s per 4 instances, routed round robin up to ``at_s`` seconds of virtual time, one
     request left waiting at the head of the queue."""
+    from lbbench.sim.cluster import ClusterSim
+    from lbbench.workloads import paper_mix
+
     rate = 20.0 * num_instances / 4
     sim = ClusterSim(profile, num_instances, paper_mix(int(rate * (at_s + 5)), rate, seed), seed=seed)
     i = 0

@@ -39,12 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from _common import DATASETS, log, torch_one_thread  # bench/_common.py, beside this script
 from lbbench.predict import get_scheme
 from lbbench.predict.data import Example, load_corpus
 from lbbench.predict.evaluate import evaluate_dir
@@ -136,21 +136,15 @@ def render(results: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
+    ap.add_argument("--datasets", default=str(DATASETS))
     ap.add_argument("--json", help="also write the full reports here")
     ap.add_argument("--predictors", default="embed,embed (no model name),bow ridge",
                     help=f"comma-separated subset of: {', '.join(PREDICTORS)}")
     ap.add_argument("--no-mixed", action="store_true", help="skip the leave-one-corpus-out directions")
     ap.add_argument("--mixed-only", action="store_true", help="run the leave-one-corpus-out directions only")
     args = ap.parse_args()
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
+    torch_one_thread()
     root = Path(args.datasets)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     scheme = get_scheme("paper")
     a = load_corpus(root / "alpaca_eval").examples
     b = load_corpus(root / "vicuna_bench_2023").examples

@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _common import DATASETS, log, torch_one_thread  # bench/_common.py, beside this script
+
 SERVING_MODEL = "llama-2-7b-chat-hf"
 ROUTERS = "round_robin,jsq,late_binding_srpt"
 SCHEDULERS = "fcfs,least_work_left"
@@ -108,7 +110,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))
+    ap.add_argument("--datasets", default=str(DATASETS))
     ap.add_argument("--out", default="runs/predictor-routing")
     ap.add_argument("--profile", default="llama2-7b-v100")
     ap.add_argument("--rates", default="4,6,9")
@@ -116,15 +118,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--predictors", default="oracle,embed,bow,metadata,noisy:0.79")
     args = ap.parse_args()
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
+    torch_one_thread()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     specs = _prepare(Path(args.datasets), out, log)
     workload = specs.pop("workload")
     first_rate = float(args.rates.split(",")[0])

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 import numpy as np
-from _common import build_state, time_calls  # bench/_common.py, beside this script
+from _common import build_state, snapshot_args, time_calls  # bench/_common.py, beside this script
 
 from lbbench.profiles import load_profile
 from lbbench.routers.rl.features import FeatureSpec
@@ -50,11 +50,7 @@ def make_router(profile, num_instances: int, tmp: str, checkpoint: str | None = 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="llama2-7b-v100")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--at-s", type=float, default=60.0, help="virtual time of the snapshot")
-    ap.add_argument("--repeats", type=int, default=20000)
-    ap.add_argument("--seed", type=int, default=0)
+    snapshot_args(ap, profile="llama2-7b-v100", at_s=60.0)
     ap.add_argument("--checkpoint", default=None, help="a trained checkpoint directory (default: the shipped one)")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 import numpy as np
-from _common import build_state, time_calls  # bench/_common.py, beside this script
+from _common import build_state, snapshot_args, time_calls  # bench/_common.py, beside this script
 
 from lbbench.profiles import load_profile
 from lbbench.routers import get_router
@@ -39,12 +39,8 @@ def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="llama3.1-8b-a100")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--at-s", type=float, default=30.0, help="virtual time of the snapshot")
-    ap.add_argument("--repeats", type=int, default=20000)
+    snapshot_args(ap, profile="llama3.1-8b-a100", at_s=30.0)
     ap.add_argument("--samples", type=int, default=2000, help="predicted_latency's training window")
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
     sim = build_state(profile, args.instances, args.at_s, args.seed)
