@@ -1,5 +1,5 @@
-"""What several bench scripts share: a loaded cluster snapshot and a timing loop; the datasets folder, a log
-line and torch's threads for the predictor benches."""
+"""What several bench scripts share: a loaded cluster snapshot and a timing loop; the training workload's
+options; the datasets folder, a log line and torch's threads for the predictor benches."""
 
 from __future__ import annotations
 
@@ -40,6 +40,22 @@ def snapshot_args(ap: argparse.ArgumentParser, profile: str, at_s: float) -> Non
     ap.add_argument("--at-s", type=float, default=at_s, help="virtual time of the snapshot")
     ap.add_argument("--repeats", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+
+
+def train_workload_args(ap: argparse.ArgumentParser, requests: int) -> None:
+    """The workload of a ``TrainConfig``: --profile, --instances, --rate, --requests."""
+    ap.add_argument("--profile", default="llama2-7b-v100")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--requests", type=int, default=requests)
+
+
+def train_config(args: argparse.Namespace, **options):
+    """The ``TrainConfig`` of the ``train_workload_args`` options, with ``options`` besides."""
+    from lbbench.training.config import TrainConfig
+
+    return TrainConfig(profile=args.profile, instances=args.instances, rate=args.rate, requests=args.requests,
+                       **options)
 
 
 def build_state(profile, num_instances: int, at_s: float, seed: int) -> ClusterSim:

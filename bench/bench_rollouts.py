@@ -19,6 +19,7 @@ import sys
 import time
 
 import numpy as np
+from _common import train_config, train_workload_args  # bench/_common.py, beside this script
 
 from lbbench.profiles import load_profile
 from lbbench.training.config import TrainConfig
@@ -36,17 +37,13 @@ def random_policy(cfg: TrainConfig, profile):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="llama2-7b-v100")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=20.0)
-    ap.add_argument("--requests", type=int, default=1000)
+    train_workload_args(ap, requests=1000)
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--ray", nargs="?", const="auto", default=None, help="Ray actors (auto or ADDRESS)")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
-    cfg = TrainConfig(profile=args.profile, instances=args.instances, rate=args.rate, requests=args.requests,
-                      predictor="noisy:0.79", network="shared", kv_features=True, max_defer_s=30.0)
+    cfg = train_config(args, predictor="noisy:0.79", network="shared", kv_features=True, max_defer_s=30.0)
     policy = random_policy(cfg, profile)
     tasks = [EpisodeTask(k, 2_000_000 + k, epsilon=0.1) for k in range(args.episodes)]
     reference = None

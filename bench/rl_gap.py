@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from _common import train_config, train_workload_args  # bench/_common.py, beside this script
+
 from lbbench.profiles import load_profile
 from lbbench.routers.mixing import MixingParams
 from lbbench.routers.registry import get_router
-from lbbench.training.config import TrainConfig
 from lbbench.training.curve import MixingHeuristic, evaluate, evaluate_network
 from lbbench.training.episodes import episode_source
 from lbbench.training.teachers import TeacherRouter
@@ -27,18 +28,14 @@ from lbbench.training.teachers import TeacherRouter
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--profile", default="llama2-7b-v100")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=20.0)
-    ap.add_argument("--requests", type=int, default=2000)
+    train_workload_args(ap, requests=2000)
     ap.add_argument("--predictor", default="noisy:0.79")
     ap.add_argument("--seeds", type=int, default=2, help="validation workloads (seeds 999999, 999998, ...)")
     ap.add_argument("--max-defer-s", type=float, default=120.0)
     ap.add_argument("--checkpoint", default=None)
     args = ap.parse_args(argv)
     prof = load_profile(args.profile)
-    cfg = TrainConfig(profile=args.profile, instances=args.instances, rate=args.rate, requests=args.requests,
-                      predictor=args.predictor)
+    cfg = train_config(args, predictor=args.predictor)
     src = episode_source(cfg, prof)
     seeds = [cfg.train_seed_base - 1 - k for k in range(args.seeds)]
     wls = [src(s) for s in seeds]
