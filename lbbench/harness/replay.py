@@ -65,8 +65,12 @@ from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.metrics import parse_metrics
+from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
 
 PARTIAL_RECORDS = "requests.partial.jsonl"
+#: the error of a request never sent because its step saturated, and of one aborted in flight (``cancel``)
+NOT_SENT = "not sent: saturated"
+CANCELLED = "cancelled: saturated"
 #: The scheduler wakes this much before an arrival and yields to other tasks
 #: until it is due (the event loop's sleeps are only millisecond-precise); at
 #: 1000 req/s this costs up to half a core, at 80 req/s a few percent.
@@ -154,6 +158,10 @@ class ReplayResult:
     record_columns: dict[str, list] = field(default_factory=dict)
     #: request id -> when this process learnt that the request failed (run clock; failed records have no finish)
     failure_times: dict[int, float] = field(default_factory=dict)
+    #: run-clock time the backlog was found saturated (``saturation``), else None
+    saturated_at_s: float | None = None
+    #: the backlog's growth (requests/s) over the window that saturated
+    saturation_slope_per_s: float | None = None
 
 
 class _Replay:
@@ -165,8 +173,14 @@ class _Replay:
                  early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
                  prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
                  stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02,
-                 keep_token_times: bool = True):
+                 keep_token_times: bool = True, saturation: SaturationPolicy | None = None):
         self.keep_token_times = keep_token_times
+        self.saturation = saturation
+        self.detector = (SaturationDetector(saturation.threshold_per_s, saturation.window_s)
+                         if saturation is not None else None)
+        self.stopped_sending = False  # saturated: nothing more is sent
+        self._next_i = 0  # the next request of the schedule to arrive
+        self.task_info: dict[asyncio.Task, tuple[Request, int, float, float]] = {}
         self.engine = engine
         self.label = label or router.name
         self.stream_workers = stream_workers
@@ -245,6 +259,8 @@ class _Replay:
                 if self.lw is not None:
                     self.lw.start(self.loop, self.drive.t0, self._on_worker_item, self._worker_lost)
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
+                if self.detector is not None:
+                    tasks.append(asyncio.create_task(self._watch_saturation()))
                 if self.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
                 for t in tasks:
@@ -272,6 +288,8 @@ class _Replay:
                            token_times=self.token_times, interrupted=self.interrupted,
                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                            model=self.model, clock_origin_s=self.drive.t0, failure_times=self.failure_times)
+        if self.detector is not None and self.detector.saturated:
+            res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
             from ..live.load_workers import worker_summary
             res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec)
@@ -309,6 +327,8 @@ class _Replay:
         elif kind == "tokens":
             self.drive.observe(TokensGenerated(rid, inst, item[3], item[4]))
         elif kind == "done":
+            if rid not in self.remote:  # cancelled on saturation: already recorded
+                return
             req, inst, dispatch_s, planned_s = self.remote.pop(rid)
             self._finish(req, inst, dispatch_s, planned_s, item[3])
 
@@ -343,7 +363,7 @@ class _Replay:
         slack_s = SLACK_S if self.lw is not None else 0.0
         if self.lw is not None:
             early_s = 0.0
-        while i < n:
+        while i < n and not self.stopped_sending:
             target = reqs[i].arrival_s - lead_s
             delay = target - self.now()
             if delay > early_s + slack_s:
@@ -352,17 +372,23 @@ class _Replay:
                 await asyncio.sleep(delay - early_s)
             while self.now() < target - slack_s:
                 await asyncio.sleep(0)
+            if self.stopped_sending:
+                return
             now = self.now()
             while i < n and reqs[i].arrival_s - lead_s <= now + slack_s:
                 self.drive.arrive(reqs[i])
                 self.arrived_at[reqs[i].request_id] = now
                 i += 1
+                self._next_i = i
                 self.num_arrived += 1
             self._epoch(now)
 
     def _arrive_turn(self, req: Request, due_s: float) -> None:
         """A session's next turn is due: it arrives now (its record's ``arrival_s``)."""
         now = self.now()
+        if self.stopped_sending:
+            self._record(req, -1, None, None, None, NOT_SENT)
+            return
         if now < due_s:  # the event loop may fire a timer up to its clock resolution early
             self.loop.call_later(due_s - now, self._arrive_turn, req, due_s)
             return
@@ -394,10 +420,12 @@ class _Replay:
             return
         task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
         self.in_flight.add(task)
+        self.task_info[task] = (req, inst, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
 
     def _send_done(self, task: asyncio.Task) -> None:
         self.in_flight.discard(task)
+        self.task_info.pop(task, None)
         self._task_done(task)
 
     # -- one request -------------------------------------------------------------------------
@@ -419,7 +447,7 @@ class _Replay:
         self._record(req, inst, dispatch_s, planned_s, res)
         self._epoch(self.now())
 
-    def _record(self, req: Request, inst: int, dispatch_s: float, planned_s: float | None,
+    def _record(self, req: Request, inst: int, dispatch_s: float | None, planned_s: float | None,
                 res: StreamResult | None, error: str | None = None) -> None:
         rec = RequestRecord.for_request(
             req, run_id=self.run_id, router=self.label, seed=self.seed, instance=inst, dispatch_s=dispatch_s,
@@ -431,7 +459,9 @@ class _Replay:
             http_status=res.http_status if res else None, error=res.error if res else error)
         self.records.append(rec)
         nxt = self._next_turn.pop(req.request_id, None)
-        if nxt is not None:
+        if nxt is not None and self.stopped_sending:
+            self._record(nxt, -1, None, None, None, NOT_SENT)  # the session's later turns will not be sent
+        elif nxt is not None:
             now = self.now()
             done_s = res.finish_s if res is not None and res.finish_s is not None else now
             due = max(nxt.arrival_s, done_s + nxt.think_s)
@@ -453,6 +483,49 @@ class _Replay:
                 self.progress(done, total)
         if done == total:
             self.finished.set()
+
+    # -- saturation ------------------------------------------------------------------------
+    async def _watch_saturation(self) -> None:
+        """Sample the backlog (arrived, not yet ended) while requests are still to arrive; at the first saturated
+        sample mark the run and, unless told only to mark, stop sending (``_stop_sending``)."""
+        every = sample_interval(self.detector.window_s)
+        total = len(self.requests)
+        while True:
+            await asyncio.sleep(every)
+            if self.num_arrived >= total:
+                return  # everything has arrived: nothing left to stop
+            now = self.now()
+            if self.detector.add(now, self.num_arrived - len(self.records)):
+                if self.saturation.stop:
+                    self._stop_sending(now)
+                return
+
+    def _stop_sending(self, now: float) -> None:
+        """Saturated: every request not yet sent gets its ``not sent`` record; with ``cancel`` the requests in
+        flight are aborted and recorded as failed (``drain`` lets them finish)."""
+        self.stopped_sending = True
+        unsent = self._stream[self._next_i:]
+        self._next_i = len(self._stream)
+        for req in self.drive.drop_all():
+            self.arrived_at.pop(req.request_id, None)
+            self._record(req, -1, None, None, None, NOT_SENT)
+        for req in unsent:
+            self._record(req, -1, None, None, None, NOT_SENT)
+        if self.saturation.on_saturation != "cancel":
+            return
+        for task, (req, inst, dispatch_s, planned_s) in list(self.task_info.items()):
+            if task.done():
+                continue
+            task.cancel()
+            self._cancelled(req, inst, dispatch_s, planned_s, now)
+        for rid, (req, inst, dispatch_s, planned_s) in list(self.remote.items()):
+            del self.remote[rid]  # a worker's late result for it is dropped (``_on_worker_item``)
+            self._cancelled(req, inst, dispatch_s, planned_s, now)
+
+    def _cancelled(self, req: Request, inst: int, dispatch_s: float, planned_s: float, now: float) -> None:
+        self.drive.observe(Failed(req.request_id, inst, now, CANCELLED))
+        self.failure_times[req.request_id] = now
+        self._record(req, inst, dispatch_s, planned_s, None, CANCELLED)
 
     # -- health, stalls, metrics ---------------------------------------------------------
     async def _probe(self, inst: int) -> bool:
@@ -521,7 +594,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                prompt_texts: dict[int, str] | None = None,
                engine: Engine | str | None = None, label: str | None = None,
                stream_workers: int = 0, load_workers: int = 0, ray: bool = False,
-               send_lead_s: float = 0.02, keep_token_times: bool = True) -> ReplayResult:
+               send_lead_s: float = 0.02, keep_token_times: bool = True,
+               saturation: SaturationPolicy | None = None) -> ReplayResult:
     """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
 
     Every endpoint is checked first (``EndpointError`` if one does not answer).
@@ -540,6 +614,12 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     cluster) send at the planned times on this process's clock; ``result.load_workers`` has each worker's clock
     offset and dispatch lag. ``keep_token_times=False`` leaves ``result.token_times`` empty: a long run then holds
     only its records (a few hundred bytes each; every token's time costs about 32 bytes more).
+    ``saturation`` (``lbbench.live.saturation.SaturationPolicy``) samples the backlog (arrived, not yet ended)
+    and marks the run saturated when it keeps growing faster than its threshold over its window
+    (``result.saturated_at_s``); unless the policy only marks, sending then stops: every request not yet sent
+    is recorded with error ``not sent: saturated`` and, with ``cancel``, every request in flight is aborted and
+    recorded as failed with ``cancelled: saturated`` (``drain`` lets them finish). The result stays complete:
+    every request has its record.
     ``model`` defaults to the first model the first endpoint serves. ``specs``
     (one ``InstanceSpec`` per endpoint) tell the router what it may know about
     each instance's capacity. Ctrl-C / SIGTERM end the run early with
@@ -568,7 +648,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                      warm_connections=warm_connections, early_wake_s=early_wake_s,
                      priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
                      label=label, stream_workers=stream_workers, load_workers=load_workers, ray=ray,
-                     send_lead_s=send_lead_s, keep_token_times=keep_token_times)
+                     send_lead_s=send_lead_s, keep_token_times=keep_token_times, saturation=saturation)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

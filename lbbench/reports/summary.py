@@ -38,6 +38,8 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
   ``dispatch_lag_p50_s`` / ``dispatch_lag_p99_s`` over sent requests, ``achieved_rate_per_s``
   = sent requests / (last send - first send), ``requested_rate_per_s`` = rows / (last
   arrival - first arrival).
+- ``saturated``: only when some group saturated (``lbbench.live.saturation``: its backlog kept growing faster
+  than the threshold over a whole window; a live step then stopped sending): true when any seed of the group did.
 """
 
 from __future__ import annotations
@@ -172,6 +174,8 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",), slo: Slo | None = None)
         extra.append(pl.when(cached.any()).then(
             pl.col("cached_prompt_tokens").filter(cached).sum()
             / pl.col("prompt_tokens").filter(cached).sum()).cast(pl.Float64).alias("prefix_cache_hit_rate"))
+    if "saturated" in lf.collect_schema():
+        extra.append(pl.col("saturated").fill_null(False).any().alias("saturated"))
     return (
         lf.group_by([*by, "seed"], maintain_order=True)
         .agg(*extra,
@@ -226,6 +230,7 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
         by = ["router", *by]
     seeds = _paired(per_seed(df, by, slo), by, baseline)
     extra = [c for c in ("prefix_cache_hit_rate",) if c in seeds.collect_schema()]
+    marks = [c for c in ("saturated",) if c in seeds.collect_schema()]
     mean_cols = ["p50_e2e_s", "p90_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "mean_tbt_s",
                  "p99_tbt_s", "mean_router_wait_s", "preemptions", "throughput_tokens_per_s",
                  "dispatch_lag_p50_s", "dispatch_lag_p99_s", "achieved_rate_per_s",
@@ -244,10 +249,13 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
             completed=pl.col("completed").sum(),
             failed=pl.col("failed").sum(),
             *[pl.col(m).mean() for m in (*mean_cols, *extra)],
+            *[pl.col(m).any() for m in marks],
         )
-        .select([*by, *METRIC_COLUMNS, *extra])
+        .select([*by, *METRIC_COLUMNS, *extra, *marks])
         .collect()
     )
+    if marks and not out.get_column("saturated").any():
+        out = out.drop("saturated")  # no step saturated: the table stays as it was
     if extra and out.get_column("prefix_cache_hit_rate").null_count() == out.height:
         out = out.drop("prefix_cache_hit_rate")  # caching was off everywhere: the table stays as it was
     if baseline != "round_robin":
