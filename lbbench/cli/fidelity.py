@@ -19,7 +19,7 @@ import click
 
 from .common import launch_as_profile, requests_for
 from .flags import backend_and_workload_options, load_options
-from .profile import ttft_fit_option
+from .profile import predictor_option, ttft_fit_option
 
 
 def _placement(urls) -> dict | None:
@@ -52,7 +52,7 @@ def _placement(urls) -> dict | None:
               help="Live replays per router, interleaved by router (and by workload with --calibrate-on).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the evaluated requests (calibrate a profile on another).")
-@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@predictor_option
 @click.option("--prefix-caching/--no-prefix-caching", default=None,
               help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "
                    "are compared too.")

@@ -30,6 +30,11 @@ def ttft_fit_option(default: str):
              "(transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
 
 
+
+#: ``--predictor`` of the replays that calibrate and check a profile (``profile calibrate``, ``fidelity``)
+predictor_option = click.option("--predictor", default="oracle", show_default=True,
+                                help="Output-length predictor (as run).")
+
 @click.group("profile")
 def profile() -> None:
     """Make profiles: from first principles (derive) or from a live engine (measure)."""
@@ -276,7 +281,7 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
               help="Live replays of the calibration requests (their means are fitted).")
 @click.option("--seed", type=int, default=1, show_default=True,
               help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
-@click.option("--predictor", default="oracle", show_default=True, help="Output-length predictor (as run).")
+@predictor_option
 @click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
 @ttft_fit_option(default="mean")
 @click.option("--log-dir", type=click.Path(file_okay=False), default="runs/calibrate-logs", show_default=True)
