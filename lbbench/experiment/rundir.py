@@ -14,6 +14,9 @@ A run directory holds
 - ``partial/<unit>/requests.partial.jsonl`` (live runs): each record appended as its request ends, so an
   interrupted run keeps everything it measured.
 
+``run.toml``'s ``[[units]]`` list each unit written, in the tables' row order: its label, whether it completed
+and its rows in each table — what ``lbbench.experiment.resume`` reads to skip the complete ones.
+
 ``RunDir`` writes one (``start`` → ``add`` per unit → ``finish``); ``read_run_toml`` and the file names serve
 ``lbbench.reports.load``, which scans many.
 """
@@ -185,6 +188,8 @@ class RunDir:
         self.frames: list[pl.DataFrame] = []
         self.timelines: list[pl.DataFrame] = []
         self.decisions: list[pl.DataFrame] = []
+        #: one entry per unit added with its label: label, complete, its rows per table (``run.toml [[units]]``)
+        self.units: list[dict[str, Any]] = []
 
     def start(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -202,7 +207,13 @@ class RunDir:
         return self.path / PARTIAL_DIR / label
 
     def add(self, requests: pl.DataFrame | None, timeline: pl.DataFrame | None,
-            decisions: pl.DataFrame | None = None) -> None:
+            decisions: pl.DataFrame | None = None, unit: str | None = None, complete: bool = True) -> None:
+        """One unit's frames, in unit order; ``unit`` (its label) lists it in ``run.toml``'s ``[[units]]``."""
+        if unit is not None:
+            self.units.append({"label": unit, "complete": complete,
+                               "requests": 0 if requests is None else requests.height,
+                               "timeline": 0 if timeline is None else timeline.height,
+                               "decisions": 0 if decisions is None else decisions.height})
         if requests is not None:
             self.frames.append(requests)
         if timeline is not None and timeline.height:
@@ -221,7 +232,8 @@ class RunDir:
         if self.decisions:
             pl.concat(self.decisions, how="diagonal_relaxed").write_parquet(self.path / DECISIONS_FILE)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,
-                       extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {})},
+                       extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {}),
+                              **({"units": self.units} if self.units else {})},
                        fleet=self.fleet)
         return summary
 
