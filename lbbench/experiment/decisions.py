@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import polars as pl
 
 from ..core import ClusterView, Decision, Request
@@ -48,6 +49,16 @@ DECISION_SCHEMA: dict[str, Any] = {
 """``chosen_instance`` null: a deferral. ``scores`` null: the router offers none. ``cf_instances`` (-1: the
 deferral) and ``cf_costs``: the candidates' rollout costs, null where no counterfactual was run."""
 
+#: the per-instance feature columns, in the order the recorder reads them
+FEATURES = ("outstanding", "prefilling", "pending_prompt_tokens", "context_tokens", "kv_usage",
+            "predicted_tokens_remaining")
+FEATURE_TYPES = {k: DECISION_SCHEMA[k].inner for k in FEATURES}
+DTYPES = {k: (np.float64 if FEATURE_TYPES[k] == pl.Float64 else np.int64) for k in FEATURES}
+
+#: the columns recorded as one tuple per decision
+RECORD_COLUMNS = ("decision", "time_s", "queue_len", "head_request_id", "head_prompt_tokens",
+                  "head_predicted_output_tokens", "chosen_instance", "chosen_request_id", "scores")
+
 #: types of the unit's columns that a literal would not give (a null order, a small seed)
 UNIT_TYPES: dict[str, Any] = {"seed": pl.Int64, "order": pl.Utf8, "rate_per_s": pl.Float64}
 
@@ -66,7 +77,10 @@ class DecisionRecorder:
         self.factory = factory  # a fresh router like the wrapped one, for the forks
         self.sim: Any = None
         self.num_counterfactuals = 0
-        self._rows: dict[str, list] = {k: [] for k in DECISION_SCHEMA}
+        self._recs: list[tuple] = []  # one per decision, the columns of RECORD_COLUMNS
+        self._cf: dict[int, tuple[list[int], list[float]]] = {}  # decision -> (candidates, their costs)
+        self._flat: list[float] = []
+        self._widths: list[int] = []
         self._scores = getattr(router, "scores", None)
         self._queue_scores = getattr(router, "queue_scores", None)
 
@@ -90,36 +104,22 @@ class DecisionRecorder:
         scores = self._queue_scores(queue, view, now_s) if self._queue_scores is not None else (
             self._scores(head, view) if self._scores is not None else None)
         decision = self.router.route(queue, view, now_s)
-        rows = self._rows
-        n = len(rows["decision"])
-        rows["decision"].append(n)
-        rows["time_s"].append(now_s)
-        rows["queue_len"].append(len(queue))
-        rows["head_request_id"].append(head.request_id)
-        rows["head_prompt_tokens"].append(head.prompt_tokens)
-        rows["head_predicted_output_tokens"].append(head.expected_output_tokens)
-        rows["chosen_instance"].append(None if decision is None else decision.instance)
-        rows["chosen_request_id"].append(None if decision is None else queue[decision.queue_index].request_id)
+        n = len(self._recs)
         ivs = view.instances
-        rows["outstanding"].append([iv.num_outstanding for iv in ivs])
-        rows["prefilling"].append([iv.num_prefilling for iv in ivs])
-        rows["pending_prompt_tokens"].append([iv.prompt_tokens_pending for iv in ivs])
-        rows["context_tokens"].append([iv.context_tokens for iv in ivs])
-        rows["kv_usage"].append([iv.context_tokens / max(1, iv.spec.kv_capacity_tokens) for iv in ivs])
-        rows["predicted_tokens_remaining"].append([iv.predicted_tokens_remaining for iv in ivs])
-        rows["scores"].append(None if scores is None else [float(s) for s in scores])
-        cf = None
-        if self.counterfactual and self.sim is not None and n % self.every == 0:
-            cf = self._counterfactual(decision, scores, len(ivs))
-        if cf is None:
-            for k in ("cf_instances", "cf_costs", "chosen_cost_s", "regret_s"):
-                rows[k].append(None)
+        if decision is None:
+            self._recs.append((n, now_s, len(queue), head.request_id, head.prompt_tokens,
+                               head.expected_output_tokens, None, None, scores))
         else:
-            insts, costs = cf
-            rows["cf_instances"].append(insts)
-            rows["cf_costs"].append(costs)
-            rows["chosen_cost_s"].append(costs[0])
-            rows["regret_s"].append(costs[0] - min(costs))
+            self._recs.append((n, now_s, len(queue), head.request_id, head.prompt_tokens,
+                               head.expected_output_tokens, decision.instance,
+                               queue[decision.queue_index].request_id, scores))
+        flat = self._flat  # per-instance features, flat (the frame is built once, at the end)
+        for iv in ivs:
+            flat.extend((iv.num_outstanding, iv.num_prefilling, iv.prompt_tokens_pending, iv.context_tokens,
+                         iv.context_tokens / max(1, iv.spec.kv_capacity_tokens), iv.predicted_tokens_remaining))
+        self._widths.append(len(ivs))
+        if self.counterfactual and self.sim is not None and n % self.every == 0:
+            self._cf[n] = self._counterfactual(decision, scores, len(ivs))
         return decision
 
     # ------------------------------------------------------------------ counterfactuals
@@ -150,8 +150,36 @@ class DecisionRecorder:
 
     def frame(self, extra: dict[str, Any]) -> pl.DataFrame:
         """The unit's ``decisions.parquet`` rows, with the unit's columns ``extra``."""
-        df = pl.DataFrame(self._rows, schema=DECISION_SCHEMA)
+        n, width = len(self._widths), (self._widths[0] if self._widths else 0)
+        if any(w != width for w in self._widths):  # instances come and go: one row at a time
+            feats = self._ragged()
+        else:
+            arr = np.asarray(self._flat, np.float64).reshape(n, width, len(FEATURES))
+            feats = {k: pl.Series(k, arr[:, :, j].astype(DTYPES[k]) if n else np.empty((0, width)),
+                                  dtype=pl.Array(FEATURE_TYPES[k], width)).cast(DECISION_SCHEMA[k])
+                     for j, k in enumerate(FEATURES)}
+        cols = dict(zip(RECORD_COLUMNS, map(list, zip(*self._recs)))) if self._recs else \
+            {k: [] for k in RECORD_COLUMNS}
+        cols["scores"] = [None if v is None else [float(x) for x in v] for v in cols["scores"]]
+        cf = [self._cf.get(k) for k in range(n)]
+        cols["cf_instances"] = [None if c is None else c[0] for c in cf]
+        cols["cf_costs"] = [None if c is None else c[1] for c in cf]
+        cols["chosen_cost_s"] = [None if c is None else c[1][0] for c in cf]
+        cols["regret_s"] = [None if c is None else c[1][0] - min(c[1]) for c in cf]
+        df = pl.DataFrame(cols, schema={k: v for k, v in DECISION_SCHEMA.items() if k not in FEATURES})
+        df = df.with_columns(**feats).select(list(DECISION_SCHEMA))
         return df.with_columns([pl.lit(v, UNIT_TYPES.get(k)).alias(k) for k, v in extra.items()])
+
+
+    def _ragged(self) -> dict[str, pl.Series]:
+        cols: dict[str, list] = {k: [] for k in FEATURES}
+        pos = 0
+        for w in self._widths:
+            block = self._flat[pos:pos + w * len(FEATURES)]
+            pos += w * len(FEATURES)
+            for j, k in enumerate(FEATURES):
+                cols[k].append(block[j::len(FEATURES)])
+        return {k: pl.Series(k, v, dtype=pl.List(pl.Float64)).cast(DECISION_SCHEMA[k]) for k, v in cols.items()}
 
 
 def counterfactual_cost(sim: Any, action: Decision | None, make_router: Callable[[], Any],
