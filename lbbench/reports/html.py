@@ -50,7 +50,8 @@ def to_html(preamble: str, tables: Sequence[Table], figures: Sequence["Plot"] = 
         body.append(html_table(t))
         if t.name == "main":
             body += [_img(f.png, f.caption) for f in figs if f.section == "improvement"]
-    for section, title in (("latency", "Latency distributions"), ("load", "Per-instance load")):
+    for section, title in (("sweep", "Load sweep"), ("latency", "Latency distributions"),
+                           ("load", "Per-instance load")):
         items = [f for f in figs if f.section == section]
         if items:
             body.append(f"<h2>{title}</h2>")

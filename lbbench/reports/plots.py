@@ -10,6 +10,8 @@ renders headless to PNG with no browser or server, and is already an optional ex
 - ``improvement_bars``: improvement over the baseline per router with its 95% interval;
 - ``load_curves``: mean and p99 E2E and goodput against the arrival rate (a load sweep),
   one line per router (and instance scheduler, ...);
+- ``sweep_plots``: a load sweep's three figures, per router: output tokens/s per instance against output
+  tokens/s per user (one point per rate), goodput and p99 TTFT against the rate, saturated steps circled;
 - ``report_plots``: every figure of a report, from its parts (``Report.figures`` passes them).
 """
 
@@ -188,6 +190,120 @@ def load_curves(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -
     return _png(fig)
 
 
+def sweep_points(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -> pl.DataFrame | None:
+    """One row per group of a load sweep (``keys`` holds ``rate_per_s``), averaged over seeds, sorted by rate:
+    ``tokens_per_s_per_instance`` (output tokens/s of the fleet over its instances), ``tokens_per_s_per_user``
+    (per completed request of two or more tokens, output tokens after the first over the time after it: the
+    speed a user reads at), ``goodput_per_s``, ``p99_ttft_s`` and ``saturated``; None with fewer than two
+    rates."""
+    if "rate_per_s" not in keys:
+        return None
+    keys = list(keys)
+    s = summarize(lf, by=keys, slo=slo)
+    if s["rate_per_s"].n_unique() < 2:
+        return None
+    d = derive(lf)
+    decode = pl.col("finish_s") - pl.col("first_token_s")
+    user = (d.filter(completed_expr() & (pl.col("generated_tokens") > 1) & (decode > 0))
+            .with_columns(((pl.col("generated_tokens") - 1) / decode).alias("_user"))
+            .group_by([*keys, "seed"]).agg(pl.col("_user").mean())
+            .group_by(keys).agg(pl.col("_user").mean().alias("tokens_per_s_per_user")))
+    inst = d.group_by(keys).agg(pl.col("num_instances").first().cast(pl.Float64).alias("_n")) \
+        if "num_instances" in d.collect_schema() else None
+    out = s.lazy().join(user, on=keys, how="left", nulls_equal=True)
+    if inst is not None:
+        out = out.join(inst, on=keys, how="left", nulls_equal=True)
+    else:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("_n"))
+    if "saturated" not in s.columns:
+        out = out.with_columns(pl.lit(False).alias("saturated"))
+    return (out.with_columns((pl.col("throughput_tokens_per_s") / pl.col("_n").fill_null(1.0))
+                             .alias("tokens_per_s_per_instance"))
+            .drop("_n").sort("rate_per_s", maintain_order=True).collect())
+
+
+def _sweep_lines(points: pl.DataFrame, keys: Sequence[str]):
+    others = [k for k in keys if k != "rate_per_s"]
+    for gkey, g in points.partition_by(others, as_dict=True, maintain_order=True).items():
+        yield group_label(dict(zip(others, gkey)), others), g.sort("rate_per_s")
+
+
+def _mark_saturated(ax, x: np.ndarray, y: np.ndarray, saturated: np.ndarray, first: bool) -> None:
+    if saturated.any():
+        ax.scatter(x[saturated], y[saturated], s=140, facecolors="none", edgecolors="tab:red", linewidths=1.5,
+                   zorder=3, label="saturated step" if first else None)
+
+
+def sweep_figure(points: pl.DataFrame, keys: Sequence[str], kind: str, slo: Slo | None = None) -> bytes:
+    """One figure of a load sweep, one line per router (and other keys): ``pareto`` (output tokens/s per
+    instance against output tokens/s per user, each point a rate), ``goodput`` or ``p99_ttft`` against the
+    rate. Saturated steps are circled in red."""
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.add_subplot()
+    first = True
+    first_label = None
+    for label, g in _sweep_lines(points, keys):
+        first_label = first_label or label
+        rate = g["rate_per_s"].to_numpy()
+        sat = g["saturated"].fill_null(False).to_numpy().astype(bool)
+        if kind == "pareto":
+            x = g["tokens_per_s_per_user"].fill_null(np.nan).to_numpy()
+            y = g["tokens_per_s_per_instance"].fill_null(np.nan).to_numpy()
+        else:
+            x = rate
+            y = g["goodput_per_s" if kind == "goodput" else "p99_ttft_s"].fill_null(np.nan).to_numpy()
+        ax.plot(x, y, marker="o", label=label)
+        if kind == "pareto" and label == first_label:  # the rates once, beside the first line
+            for xi, yi, r in zip(x, y, rate):
+                if np.isfinite(xi) and np.isfinite(yi):
+                    ax.annotate(f"{r:g}/s", (xi, yi), textcoords="offset points", xytext=(4, 4),
+                                fontsize="x-small")
+        _mark_saturated(ax, x, y, sat, first)
+        first = first and not sat.any()
+    if kind == "pareto":
+        ax.set_title("Throughput against interactivity (each point a rate)")
+        ax.set_xlabel("output tokens/s per user (after the first token)")
+        ax.set_ylabel("output tokens/s per instance")
+    elif kind == "goodput":
+        ax.set_title("Goodput against the arrival rate" + (f" (SLO: {slo.describe()})" if slo
+                                                           else " (no SLO: every completed request counts)"))
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_ylabel("goodput (requests/s within SLO)" if slo else "goodput (completed requests/s)")
+    else:
+        ax.set_title("p99 time to first token against the arrival rate")
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_ylabel("p99 TTFT (s)")
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _png(fig)
+
+
+#: the sweep figures: file-name stem, kind, caption
+SWEEP_FIGURES = (
+    ("sweep_pareto", "pareto", "Output tokens/s per instance against output tokens/s per user, per router: one "
+                               "point per rate (a Pareto-style front; up and right is better)"),
+    ("sweep_goodput", "goodput", "Goodput against the arrival rate, per router"),
+    ("sweep_p99_ttft", "p99_ttft", "p99 time to first token against the arrival rate, per router"),
+)
+#: what the goodput caption adds when the report has no SLO
+NO_SLO_NOTE = ("no SLO was given (lbbench report --slo ttft=S,tbt=S,e2e=S): goodput counts every completed "
+               "request")
+
+
+def sweep_plots(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -> Iterator[Plot]:
+    """The three figures of a load sweep (nothing when the rows hold fewer than two rates)."""
+    points = sweep_points(lf, keys, slo)
+    if points is None:
+        return
+    for name, kind, caption in SWEEP_FIGURES:
+        if kind == "goodput":
+            caption += f" (SLO: {slo.describe()})" if slo else f"; {NO_SLO_NOTE}"
+        if points["saturated"].any():
+            caption += "; saturated steps circled in red"
+        yield Plot(name, "sweep", caption, sweep_figure(points, keys, kind, slo))
+
+
 @dataclass(frozen=True)
 class Plot:
     """One rendered figure: a file-name stem, a caption and the PNG bytes."""
@@ -218,6 +334,7 @@ def report_plots(requests: pl.LazyFrame, keys: list[str], baseline: str, main: p
     if curves is not None:
         yield Plot("load_curves", "latency", "Mean and p99 E2E latency and goodput against the arrival rate",
                    curves)
+    yield from sweep_plots(lf, keys, slo)
     yield Plot("e2e_cdf", "latency", "CDF of end-to-end latency", cdf(lf, keys, "e2e_s"))
     yield Plot("ttft_cdf", "latency", "CDF of time to first token", cdf(lf, keys, "ttft_s"))
     yield Plot("e2e_over_time", "latency", "Mean E2E latency over arrival time",
