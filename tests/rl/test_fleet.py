@@ -150,3 +150,18 @@ def test_shipped_f1_checkpoint_routes_the_mixed_fleet():
     assert len({r.instance for r in recs}) >= 2
     with pytest.raises(CheckpointError, match="no shipped checkpoint for fleet"):
         shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100:1,llama3.1-8b-l4:3")
+
+
+def test_gated_fleet_checkpoint_reports_its_fallback_routers_scores(tmp_path):
+    from lbbench.routers.registry import get_router
+
+    if not (F1_DIR / "policy.npz").is_file():
+        pytest.skip("the F1 checkpoint is not shipped")
+    router = WorkloadGuidedRL(4, checkpoint=F1_DIR, instance_scheduler="priority")  # the scheduler guard: gated
+    assert router.heuristic_only and router.fallback is not None
+    st = ClusterState(parse_fleet(F1).instance_specs())
+    st.apply(Dispatched(Request(1, 0.0, 400, 100, predicted_output_tokens=90), 2, 0.0))
+    queue = [Request(5, 0.0, 200, 800, predicted_output_tokens=700)]
+    view = st.view()
+    assert router.queue_scores(queue, view, 0.0) == get_router("least_work_speed", num_instances=4).scores(
+        queue[0], view)

@@ -377,9 +377,13 @@ class RLRouter:
 
     def queue_scores(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> list[float] | None:
         """Per instance, lower preferred (inf: masked): the network's Q-values negated (with the residual prior),
-        or the guidance heuristic's penalties when it routes; read without changing the router."""
+        or the guidance heuristic's penalties when it routes (a ``fallback`` router's own scores when that routes);
+        read without changing the router."""
         if not queue:
             return None
+        if self.fallback is not None and self.heuristic_only:  # the fallback router routes: its scores
+            fb = getattr(self.fallback, "scores", None)
+            return fb(queue[0], view) if fb is not None else None
         mask = action_mask(queue, view, now_s, self.max_defer_s)[:self.num_instances]
         pens = None
         if self.heuristic_only or self.mixing is not None or self.prior_scale > 0:
