@@ -177,7 +177,7 @@ def test_wait_bound_through_the_cli(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--rate", "5,x"], "--rate"), (["--rate", "0"], "--rate"), (["--slo", "ttft=fast"], "--slo"),
-    (["--slo", "latency=3"], "--slo"), (["--rate", "2,5", "--endpoint", "http://127.0.0.1:9"], "--rate"),
+    (["--slo", "latency=3"], "--slo"), (["--rate", "2,-5", "--endpoint", "http://127.0.0.1:9"], "--rate"),
 ])
 def test_bad_sweep_and_slo_flags_exit_2(args, needle, tmp_path):
     res = CliRunner().invoke(main, ["run", "--requests", "10", "--out", str(tmp_path / "x"), *args])

@@ -59,7 +59,6 @@ def test_resolved_is_idempotent(workload, requests, rates, endpoints):
     (RunConfig(router_options={"jsq": {"x": 1}}), "router_options"),
     (RunConfig(endpoints=["http://a:1"], launch_model="tiny"), "launch_model"),
     (RunConfig(engine="sglang"), "engine"),
-    (RunConfig(endpoints=["http://a:1"], rates=[1.0, 2.0]), "rates"),
     (RunConfig(launch_model="tiny", instance_schedulers=["fcfs", "priority"]), "instance_schedulers"),
     (RunConfig(endpoints=["http://a:1"], chunked_prefill=[True]), "chunked_prefill"),
     (RunConfig(api="grpc"), "api"),
