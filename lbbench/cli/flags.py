@@ -32,7 +32,10 @@ FLAGS: dict[str, str] = {
     "api": "--api", "engine": "--engine", "prompt_mode": "--prompt-mode", "tokenizer": "--tokenizer",
     "vllm_python": "--vllm-python", "request_timeout_s": "--request-timeout", "checkpoint": "--checkpoint",
     "stream_workers": "--stream-workers", "load_workers": "--load-workers", "send_lead_s": "--send-lead",
-    "ray_address": "--ray", "ray": "--ray",
+    "ray_address": "--ray", "ray": "--ray", "decisions": "--decisions", "counterfactual": "--counterfactual",
+    "counterfactual_every": "--counterfactual-every",
+    "saturation_threshold_per_s": "--saturation-threshold", "saturation_window_s": "--saturation-window",
+    "on_saturation": "--on-saturation", "saturation_stop": "--no-saturation-stop",
     # trace options (lbbench run --trace, lbbench trace ...)
     "trace_format": "--trace-format", "mapping": "--mapping", "skip_bad_rows": "--skip-bad-rows",
     "time_scale": "--time-scale", "window": "--window", "max_prompt_tokens": "--max-prompt-tokens",

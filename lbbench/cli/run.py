@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..distributed import UnitError, get_executor
+from ..live.saturation import DEFAULT_WINDOW_S
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
 from .common import err_console
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
@@ -111,6 +112,11 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         stream_workers=kw["stream_workers"], load_workers=_load_workers(kw.get("load_workers", "auto")),
         send_lead_s=kw.get("send_lead", 0.02), ray_address=kw.get("ray_address"), cpus_per_instance=kw["cpus_per_instance"],
         api_server_cores=kw["api_server_cores"],
+        saturation_threshold_per_s=kw.get("saturation_threshold"),
+        saturation_window_s=kw.get("saturation_window", DEFAULT_WINDOW_S),
+        saturation_stop=not kw.get("no_saturation_stop", False), on_saturation=kw.get("on_saturation", "drain"),
+        decisions=kw["decisions"] or kw["counterfactual"] is not None,
+        counterfactual=kw["counterfactual"], counterfactual_every=kw["counterfactual_every"],
     )
 
 
@@ -171,6 +177,10 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
               help="A router parameter, e.g. late_binding_srpt.max_wait_s=600 (repeatable).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory (default runs/<timestamp>-<workload>).")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[RUN_DIR]",
+              help="Resume an interrupted run in RUN_DIR (or --out): keep its complete units, run the others. The "
+                   "flags must ask for the same units (workload, requests, seeds, routers, rates, fleet, ...); a "
+                   "setting that differs is named.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL[@PROFILE]",
               help="Attach to a running OpenAI-compatible server (repeat per instance). URL@PROFILE: routers may "
@@ -214,6 +224,18 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--send-lead", type=float, default=0.02, show_default=True,
               help="Live runs with load workers: seconds before an arrival that the router decides it and hands it "
                    "to its worker.")
+@click.option("--saturation-threshold", type=float, default=None, metavar="PER_S",
+              help="A step is saturated when its backlog (arrived, not yet ended) grows faster than this many "
+                   "requests/s over --saturation-window, throughout it (default: a quarter of the step's mean "
+                   "arrival rate). Simulated and live steps are marked (a `saturated` column and a note).")
+@click.option("--saturation-window", type=float, default=DEFAULT_WINDOW_S, show_default=True, metavar="S",
+              help="Seconds the backlog must keep growing for a step to be saturated.")
+@click.option("--on-saturation", type=click.Choice(["drain", "cancel"]), default="drain", show_default=True,
+              help="Live runs: when a step saturates it stops sending (the unsent requests are recorded as `not "
+                   "sent: saturated`); drain lets the requests in flight finish, cancel aborts them (recorded as "
+                   "failed, `cancelled: saturated`).")
+@click.option("--no-saturation-stop", is_flag=True, default=False,
+              help="Live runs: only mark a saturated step, keep sending (as the simulator does).")
 @click.option("--find-rate", is_flag=True, default=False,
               help="Search, per router x instance scheduler, the highest rate at which --slo holds for "
                    "--attainment of requests (exponential probe, bisection, paired seeds); every probe is a run "
@@ -227,6 +249,14 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
               help="--find-rate: the share of requests that must meet every --slo limit, in (0, 1].")
 @click.option("--timeline-interval", type=float, default=1.0, show_default=True,
               help="Seconds between per-instance samples (running, waiting, KV usage); 0 = off.")
+@click.option("--decisions", is_flag=True, default=False,
+              help="Write decisions.parquet: per routing decision the features read, the choice (or a deferral) "
+                   "and the alternatives' scores where the router has them.")
+@click.option("--counterfactual", type=int, default=None, metavar="K",
+              help="Simulator: also roll the chosen action and the K best alternatives forward on forks (the "
+                   "planner's horizon and costs) and record each decision's regret (implies --decisions).")
+@click.option("--counterfactual-every", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+              help="--counterfactual at every N-th decision only (bounds the run time).")
 @trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.
@@ -253,6 +283,9 @@ def run_cmd(**kw: Any) -> None:
     profile = load_profile(cfg.profile)
     cfg.check(profile)  # before any long work starts
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
+    resume = kw.get("resume")
+    if resume is not None:
+        out_dir = _resume_dir(resume, kw["out_dir"])
     total = len(plan_all(cfg))
     ray_address = kw["ray_address"]
     if ray_address is not None and cfg.live:
@@ -267,7 +300,7 @@ def run_cmd(**kw: Any) -> None:
     try:
         with progress:
             outcome = run_experiment(cfg, out_dir, profile=profile, reporter=_RichReporter(progress, total),
-                                     executor=executor)
+                                     executor=executor, resume=resume is not None)
     except UnitError as exc:
         click.echo(f"Error: {exc}; the units that finished are in {out_dir} (run.toml: complete = false)",
                    err=True)
@@ -279,6 +312,18 @@ def run_cmd(**kw: Any) -> None:
     _say_rejections(out_dir / "requests.parquet", profile)
     if not outcome.complete:
         sys.exit(130)
+
+
+def _resume_dir(resume: str, out: str | None) -> Path:
+    """The run directory ``--resume [RUN_DIR]`` names (else ``--out``'s), which must exist."""
+    if resume and out and Path(resume).resolve() != Path(out).resolve():
+        raise ConfigError(f"--resume {resume} and --out {out}: give the run directory once")
+    if not (resume or out):
+        raise ConfigError("--resume: give the run directory, --resume RUN_DIR (or --out RUN_DIR)")
+    path = Path(resume or out or "")
+    if not path.is_dir():
+        raise ConfigError(f"--resume: {path}: no such run directory")
+    return path
 
 
 def _say_rejections(path: Path, profile: Any) -> None:
@@ -366,6 +411,8 @@ _LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", 
 def _fmt(col: str, v: Any) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
+    if col == "saturated":
+        return "yes" if v else "no"
     if col.startswith("dispatch_lag"):
         return f"{v * 1000:.2f}"
     if col in ("improvement_vs_round_robin_pct", "vs_best_baseline_pct"):
@@ -386,6 +433,8 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
+    if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
+        cols = cols + [("saturated", "saturated")]
     fleet = cfg.fleet_of()
     where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
              else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
@@ -421,7 +470,8 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         from ..reports.render import to_rich
         from ..reports.tables import instances_table
         to_rich([instances_table(pl.scan_parquet(out_dir / "requests.parquet"), cfg.group_keys())], console)
-    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet, run.toml[/dim]")
+    more = ", decisions.parquet" if (out_dir / "decisions.parquet").is_file() else ""
+    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet{more}, run.toml[/dim]")
 
 
 def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:

@@ -28,6 +28,7 @@ from ..core import InstanceSpec, Request
 from ..distributed import Executor, SerialExecutor, get_executor
 from ..distributed.ray_cluster import connect
 from ..engines.vllm.launcher import launch
+from ..live.saturation import SaturationPolicy, default_threshold, records_saturated_at
 from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
                                     prompt_length_mismatches, texts_for)
 from ..profiles import Profile
@@ -79,7 +80,15 @@ class SimFleet:
                           progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         rows = [(s.time_s, s.instance, s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
                  s.prefix_cache_hit_rate) for s in sim.timeline]
-        return UnitResult(records, rows, True)
+        pol = saturation_policy(cfg, requests)  # marked as a live run would be, without stopping
+        return UnitResult(records, rows, True,
+                          saturated_at_s=records_saturated_at(records, pol.threshold_per_s, pol.window_s))
+
+
+def saturation_policy(cfg: RunConfig, requests: list[Request]) -> SaturationPolicy:
+    """The unit's saturation policy: the config's threshold, or a tenth of its requests' mean arrival rate."""
+    threshold = cfg.saturation_threshold_per_s or default_threshold([r.arrival_s for r in requests])
+    return SaturationPolicy(threshold, cfg.saturation_window_s, cfg.saturation_stop, cfg.on_saturation)
 
 
 @dataclass
@@ -202,12 +211,13 @@ class LiveFleet:
         cfg, unit = self.cfg, work.unit
         res = run_replay(requests, router, self.endpoints, model=cfg.model, specs=self.specs,
                          run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed,
-                         out_dir=self.run_dir.partial_dir(unit.label) if self.run_dir else None,
+                         out_dir=self.run_dir.partial_dir(work.label) if self.run_dir else None,
                          request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
                          priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
                          scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
                          stream_workers=cfg.stream_workers, load_workers=cfg.load_workers or 0,
                          ray=self._ray_connected(), send_lead_s=cfg.send_lead_s, keep_token_times=False,
+                         saturation=saturation_policy(cfg, requests),
                          progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         if res.load_workers:
             self.worker_rows += [{"unit": unit.label, **row} for row in res.load_workers]
@@ -224,7 +234,8 @@ class LiveFleet:
                 reporter.note(f"{bad} of {len(res.records)} requests of {unit.label} reached the server with "
                               "another prompt length than asked (text prompts; give a tokenizer for exact "
                               "lengths)", warning=True)
-        return UnitResult(res.records, res.metrics, res.complete, res.record_columns)
+        return UnitResult(res.records, res.metrics, res.complete, res.record_columns,
+                          saturated_at_s=res.saturated_at_s, saturation_stopped=cfg.saturation_stop)
 
     def _ray_connected(self) -> bool:
         """Join the Ray cluster of ``ray_address`` when load workers are to run there."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
+from ..live.saturation import DEFAULT_WINDOW_S
 from ..profiles import ProfileError, available_profiles, load_profile
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ class RunConfig:
     rate_per_s: float | None = 20.0
     requests: int | None = 2000
     rates: list[float] = field(default_factory=list)
-    """A load sweep: one run per rate (``rate_per_s`` is then None), ``rate_per_s`` a group key."""
+    """A load sweep: one run per rate (``rate_per_s`` is then None), ``rate_per_s`` a group key. Live, each rate is
+    a step on the same fleet, one after the other; a saturated step is marked and the sweep goes on."""
     orders: list[str | None] = field(default_factory=lambda: [None])
     """paper-classes arrival orders, each a variant ([None]: all four for paper-classes)."""
     seeds: int = 1
@@ -91,6 +93,14 @@ class RunConfig:
     """Latency limits for goodput: any of ``ttft_s``, ``tbt_s``, ``e2e_s`` (seconds)."""
     jobs: int = 1
     """Processes a simulated load sweep runs its rates in (results do not depend on it)."""
+    decisions: bool = False
+    """Write ``decisions.parquet``: every routing decision, its features, choice and scores
+    (``lbbench.experiment.decisions``)."""
+    counterfactual: int | None = None
+    """Simulator only: at each decision also roll the chosen action and the K best alternatives forward on forks
+    (the planner's horizon and costs) and record each decision's regret (None: off; implies ``decisions``)."""
+    counterfactual_every: int = 1
+    """With ``counterfactual``: run it at every N-th decision only (bounds the run time)."""
     # -- live backends ----------------------------------------------------------------------------------
     endpoints: list[str] = field(default_factory=list)
     """Attach to these running OpenAI-compatible servers (one instance each)."""
@@ -125,6 +135,15 @@ class RunConfig:
     """Live, load workers: how long before an arrival the router decides it and hands it to its worker."""
     ray_address: str | None = None
     """Live, load workers: run them as Ray actors on this cluster (``auto`` or an address)."""
+    saturation_threshold_per_s: float | None = None
+    """Saturation: the backlog growth (requests/s, least-squares over ``saturation_window_s``) that marks a step
+    saturated (``lbbench.live.saturation``); None: a quarter of the step's mean arrival rate."""
+    saturation_window_s: float = DEFAULT_WINDOW_S
+    """Saturation: the window the backlog must grow over, throughout, in seconds."""
+    saturation_stop: bool = True
+    """Live: stop sending when a step saturates (False: only mark it, as the simulator does)."""
+    on_saturation: str = "drain"
+    """Live, on saturation: ``drain`` the requests in flight, or ``cancel`` them (recorded as failed)."""
     backend: str = "sim"
     """``sim`` or ``live`` (set by ``resolved()`` from the endpoints / launch fields)."""
 
@@ -194,12 +213,15 @@ class RunConfig:
             cfg.instances = len(cfg.endpoints)
         cfg.backend = "live" if cfg.live else "sim"
         if cfg.load_workers is None:
-            cfg.load_workers = (auto_load_workers(cfg.rate_per_s, os.cpu_count() or 1)
+            top = cfg.rate_per_s or max(cfg.rates, default=None)  # a live sweep: its highest step's
+            cfg.load_workers = (auto_load_workers(top, os.cpu_count() or 1)
                                 if cfg.live and not cfg.stream_workers else 0)
         label = workload_label(cfg)
         for name in cfg.routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
             if name in LEARNED_ROUTERS and "checkpoint" not in cfg.router_options.get(name, {}):
                 cfg.router_options.setdefault(name, {}).setdefault("workload", label)
+                if cfg.fleet and not cfg.fleet_of().is_uniform:  # the checkpoint trained on this fleet, if any
+                    cfg.router_options[name].setdefault("fleet", cfg.fleet_of().spec())
         return cfg
 
     # ---------------------------------------------------------------------------------------- checks
@@ -238,6 +260,7 @@ class RunConfig:
             if name not in self.routers:
                 raise ConfigError(f"router {name!r} has options but is not among the routers", "router_options")
         self._check_live()
+        self._check_decisions()
         from ..predict import load_predictor
         from ..routers import get_router
         from ..routers.registry import UnknownRouterError
@@ -252,6 +275,16 @@ class RunConfig:
                 if not self.router_options.get(r) or isinstance(exc, InputError):
                     raise
                 raise ConfigError(f"router {r!r}: {exc}", "router_options") from None
+
+    def _check_decisions(self) -> None:
+        if self.counterfactual is not None:
+            if self.counterfactual < 1:
+                raise ConfigError(f"{self.counterfactual}: must be >= 1 alternatives", "counterfactual")
+            if self.live:
+                raise ConfigError("needs simulator forks; a live run (--endpoint, --launch) has none (--decisions "
+                                  "records its decisions without counterfactuals)", "counterfactual")
+        if self.counterfactual_every < 1:
+            raise ConfigError(f"{self.counterfactual_every}: must be >= 1", "counterfactual_every")
 
     def _check_live(self) -> None:
         if self.endpoints and self.launch_model:
@@ -274,6 +307,13 @@ class RunConfig:
             raise ConfigError("only for launched servers (--launch)", "cpus_per_instance")
         if self.api_server_cores not in ("client", "instance"):
             raise ConfigError(f"{self.api_server_cores!r}: must be client or instance", "api_server_cores")
+        if self.saturation_threshold_per_s is not None and not self.saturation_threshold_per_s > 0:
+            raise ConfigError(f"{self.saturation_threshold_per_s:g} must be > 0 requests/s",
+                              "saturation_threshold_per_s")
+        if not self.saturation_window_s > 0:
+            raise ConfigError(f"{self.saturation_window_s:g} must be > 0 seconds", "saturation_window_s")
+        if self.on_saturation not in ("drain", "cancel"):
+            raise ConfigError(f"{self.on_saturation!r}: must be drain or cancel", "on_saturation")
         if self.api not in APIS:
             raise ConfigError(f"unknown API {self.api!r} (choose from {', '.join(APIS)})", "api")
         if self.prompt_mode not in PROMPT_MODES:
@@ -291,8 +331,6 @@ class RunConfig:
         for r in self.routers:
             if needs_simulator(r):
                 raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")
-        if self.rates:
-            raise ConfigError("a load sweep (several rates) runs in the simulator only", "rates")
         if len(self.instance_schedulers) > 1:
             raise ConfigError("a live fleet runs one instance scheduler, its servers' own; give one",
                               "instance_schedulers")

@@ -29,6 +29,7 @@ from ..distributed import Executor, SerialExecutor, UnitError
 from ..profiles import Profile, load_profile
 from .backends import SimBackend, backend_for
 from .config import RunConfig
+from .resume import load_resume
 from .rundir import RunDir
 from .units import Reporter, UnitOutput, Work, works
 
@@ -89,7 +90,7 @@ class RunOutcome:
 
 def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | None = None,
                    reporter: Reporter | None = None, run_id: str | None = None,
-                   executor: Executor | None = None) -> RunOutcome:
+                   executor: Executor | None = None, resume: bool = False) -> RunOutcome:
     """Run a whole experiment into ``out_dir`` and return its summary.
 
     ``cfg`` is resolved and checked first. Simulated units run on ``executor`` (an
@@ -99,36 +100,56 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
     live instance that died between units end the run early: everything measured is kept and ``run.toml``
     says ``complete = false``. A unit whose worker died twice (``lbbench.distributed.UnitError``) does the
     same, then the error is raised.
+
+    ``resume``: ``out_dir`` holds an interrupted run of the same units (``lbbench.experiment.resume``; a
+    ``ConfigError`` names a setting that differs): its complete units are kept, the others run, and every unit is
+    written in unit order under the run's own id.
     """
     cfg = cfg.resolved()
     profile = profile or load_profile(cfg.profile)
     cfg.check(profile)
     reporter = reporter or Reporter()
-    run_id = run_id or uuid.uuid4().hex[:12]
+    resumed = load_resume(out_dir, cfg, profile) if resume else None
+    run_id = (resumed.run_id if resumed else None) or run_id or uuid.uuid4().hex[:12]
     rd = RunDir(out_dir, cfg, profile, run_id, cfg.fleet_of(profile))
+    kept = resumed.units if resumed else {}
+    every = works(cfg, profile, run_id)
+    todo = [w for w in every if w.label not in kept]
+    if resumed:
+        reporter.note(f"resuming {rd.path}: {len(every) - len(todo)} of {len(every)} units complete, "
+                      f"running {len(todo)}")
     rd.start()
     t0 = time.perf_counter()
     backend = backend_for(cfg, profile, rd, reporter)
     runs_on = backend.executor(executor)
     complete = False
+    ran: dict[str, UnitOutput] = {}
     failure: UnitError | None = None
     try:
-        complete = run_units(works(cfg, profile, run_id), backend.run, runs_on,
-                             lambda _work, out: rd.add(out.records, out.timeline), reporter)
+        complete = run_units(todo, backend.run, runs_on, lambda work, out: ran.__setitem__(work.label, out),
+                             reporter)
     except KeyboardInterrupt:
         pass
     except UnitError as exc:
         reporter.note(f"stopping: {exc}", warning=True)
         failure = exc
     except backend.stopping_errors as exc:
-        if not rd.frames:  # nothing measured yet: the endpoints were never usable
+        if not ran and not kept:  # nothing measured yet: the endpoints were never usable
             raise
         reporter.note(f"stopping: {exc}", warning=True)  # an instance died between units
     finally:
         backend.close()
         if runs_on is not executor:
             runs_on.close()
+    for work in every:  # unit order, kept and new units alike
+        if work.label in kept:
+            rd.add(*kept[work.label], unit=work.label)
+        elif work.label in ran:
+            out = ran[work.label]
+            rd.add(out.records, out.timeline, out.decisions, unit=work.label, complete=out.complete)
     extra: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 3), **backend.describe(runs_on)}
+    if resumed:
+        extra["resumed_units"] = len(every) - len(todo)
     if failure is not None:
         extra["error"] = str(failure)
     summary = rd.finish(complete, extra)

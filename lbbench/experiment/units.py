@@ -25,6 +25,7 @@ from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
 from ..routers import get_router
 from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
+from .decisions import DecisionRecorder
 from .rundir import records_frame, timeline_frame
 from .workload import build_requests
 
@@ -126,6 +127,10 @@ class UnitResult:
     complete: bool = True
     #: more per-record columns, in ``records`` order (live load workers: ``load_worker``, ``clock_offset_s``)
     columns: dict[str, list] = field(default_factory=dict)
+    #: when the unit's backlog saturated (``lbbench.live.saturation``; run clock), else None
+    saturated_at_s: float | None = None
+    #: live: sending stopped when it saturated
+    saturation_stopped: bool = False
 
 
 @dataclass
@@ -136,6 +141,8 @@ class UnitOutput:
     timeline: pl.DataFrame | None
     complete: bool = True
     notes: list[str] = field(default_factory=list)
+    #: the unit's ``decisions.parquet`` rows (``RunConfig.decisions``), else None
+    decisions: pl.DataFrame | None = None
 
 
 class Fleet(Protocol):
@@ -207,6 +214,19 @@ def with_instance_profiles(frame: pl.DataFrame, profiles: Sequence[Profile]) -> 
     return frame.with_columns(pl.Series("instance_profile", col, dtype=pl.Utf8))
 
 
+def mark_saturation(frame: pl.DataFrame, label: str, res: UnitResult) -> tuple[pl.DataFrame, str | None]:
+    """``frame`` with the unit's ``saturated`` (bool) and ``saturated_at_s`` columns, and the note that says so."""
+    at = res.saturated_at_s
+    frame = frame.with_columns(pl.lit(at is not None).alias("saturated"),
+                               pl.lit(at, dtype=pl.Float64).alias("saturated_at_s"))
+    if at is None:
+        return frame, None
+    unsent = frame.filter(pl.col("error").is_not_null() & pl.col("error").str.ends_with(": saturated")).height
+    what = (f"sending stopped, {unsent} requests not sent or cancelled" if res.saturation_stopped
+            else "marked, not stopped")
+    return frame, f"{label}: saturated at {at:.1f} s (the backlog kept growing); {what}"
+
+
 def run_unit(work: Work, fleet: Fleet, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
@@ -215,10 +235,20 @@ def run_unit(work: Work, fleet: Fleet, reporter: Reporter) -> UnitOutput:
     fleet.prepare(reqs)
     router = make_router(cfg, profile, unit, fleet.num_instances, cols["chunked_prefill"])
     notes = [gate_note(unit.router, router)] if getattr(router, "heuristic_only", False) else []
+    recorder = None
+    if cfg.decisions or cfg.counterfactual:
+        router = recorder = DecisionRecorder(
+            router, cfg.counterfactual or 0, cfg.counterfactual_every,
+            factory=lambda: make_router(cfg, profile, unit, fleet.num_instances, cols["chunked_prefill"]))
     reporter.unit_started(work.label, len(reqs))
     res = fleet.run(work, reqs, router, reporter)
     notes += [str(n) for n in getattr(router, "run_notes", lambda: [])()]  # e.g. an online model still cold
     frame = with_instance_profiles(records_frame(res.records, cols), work.instance_profiles())
     if res.columns:
         frame = frame.with_columns([pl.Series(k, v) for k, v in res.columns.items()])
-    return UnitOutput(frame, timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete, notes)
+    frame, note = mark_saturation(frame, work.label, res)
+    notes += [note] if note else []
+    decisions = None if recorder is None else recorder.frame(
+        {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
+    return UnitOutput(frame, timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete, notes,
+                      decisions=decisions)
