@@ -117,7 +117,9 @@ def test_run_toml_records_the_placement(tmp_path, monkeypatch):
         return real_launch(model, instances, **{**kw, "command": [sys.executable, FAKE], "stop_grace_s": 2,
                                                 "port_base": free_port(), "health_timeout_s": 30})
 
-    monkeypatch.setattr(launcher_mod, "launch", fake_launch)
+    import lbbench.experiment.backends as backends_mod
+
+    monkeypatch.setattr(backends_mod, "launch", fake_launch)  # where the live backend looks it up
     monkeypatch.setattr(launcher_mod, "visible_gpus", lambda: [])
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["run", "--launch", "some-model", "--instances", "1", "--cpus-per-instance", "1",
