@@ -340,6 +340,18 @@ class _Instance:
         self.view: InstanceView | None = None  # the last view built without detail; None once an event lands
 
 
+#: stale keys an instance's finish heap may hold beyond twice its ticking requests before it is rebuilt
+_HEAP_SLACK = 64
+
+
+def _compact(inst: _Instance) -> None:
+    """Rebuild ``inst.heap`` from its ticking entries' current keys. Stale keys (a request's earlier counts, or a
+    finished request) leave the heap only when they reach its top; live token counts push one per update, so a
+    long run would otherwise keep every one of them. The minimum, all the heap is read for, is unchanged."""
+    inst.heap = [(e.expected - e.fixed + e.base, rid) for rid, e in inst.entries.items() if e.ticking]
+    heapq.heapify(inst.heap)
+
+
 class ClusterState:
     """Client-side model of the cluster, fed only by lifecycle events."""
 
@@ -422,6 +434,8 @@ class ClusterState:
                 inst.sum_fixed += delta
                 if e.ticking:
                     heapq.heappush(inst.heap, (e.expected - e.fixed + e.base, e.request.request_id))
+                    if len(inst.heap) > 2 * inst.n_ticking + _HEAP_SLACK:
+                        _compact(inst)
         elif isinstance(ev, Preempted):
             e = inst.entries.get(ev.request_id)
             if e is not None and e.first_token_s is not None:
@@ -468,6 +482,8 @@ class ClusterState:
         inst.n_ticking += 1
         inst.sum_base += e.base
         heapq.heappush(inst.heap, (e.expected - e.fixed + e.base, e.request.request_id))
+        if len(inst.heap) > 2 * inst.n_ticking + _HEAP_SLACK:
+            _compact(inst)
 
     def _stop_ticking(self, inst: _Instance, e: _Entry) -> None:
         gen = e.fixed + inst.clock - e.base
@@ -495,6 +511,8 @@ class ClusterState:
         inst.sum_prompt -= e.request.prompt_tokens
         inst.pcounts[e.pb] -= 1
         inst.dcounts[e.db] -= 1
+        if len(inst.heap) > 2 * inst.n_ticking + _HEAP_SLACK:
+            _compact(inst)
 
     # -- queries ----------------------------------------------------------------------
     def generated_tokens(self, request_id: int) -> int:
