@@ -64,6 +64,7 @@ from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
+from ..live.memtrace import MemTrace
 from ..live.metrics import parse_metrics
 from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
 
@@ -241,6 +242,8 @@ class _Replay:
             partial = open(self.out_dir / PARTIAL_RECORDS, "w", encoding="utf-8")
         self.partial = partial
         wall0 = time.perf_counter()
+        self.mem = MemTrace("client")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
+        self.mem.start()
         try:
             # the streams go through the one sender; health probes and /metrics scrapes through a plain session
             async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
@@ -273,6 +276,7 @@ class _Replay:
                 for t in [*tasks, *waiters, *self.in_flight]:
                     t.cancel()
                 await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
+                self.mem.dump()
         finally:
             if self.workers is not None:
                 self.workers.close()
@@ -292,7 +296,7 @@ class _Replay:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
             from ..live.load_workers import worker_summary
-            res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec)
+            res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec, self.lw.clock_history)
             offsets = [w.clock.offset_s for w in self.lw.info]
             wid = [self.worker_rec.get(r.request_id) for r in self.records]
             res.record_columns = {"load_worker": wid,
@@ -538,6 +542,7 @@ class _Replay:
         stalled_since: float | None = None
         while True:
             await asyncio.sleep(self.health_interval_s)
+            self.mem.tick()
             down = [iv.index for iv in self.state.view().instances if not iv.healthy]
             if down:
                 await self.drive.check_health(self._probe, down)

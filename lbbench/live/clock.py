@@ -53,3 +53,50 @@ def measure_offset(worker_clock: Callable[[], float], ask_driver: Callable[[], f
         t1 = worker_clock()
         samples.append((t0, td, t1))
     return estimate_offset(samples)
+
+
+class ClockSync:
+    """Re-measure the offset during a run, every ``every_s`` of the worker's clock: ``rounds`` ping-pongs sent one
+    after another over the run's own connection (``ping`` returns the worker's send time, ``pong`` takes it back
+    with the driver's clock and returns the new offset once the last round is in). Clocks drift apart (a few ppm
+    between machines, more across a VM's migrations): over a long run a single measurement would shift every send
+    time and every measured time by the drift. ``history`` keeps every offset applied, the first included."""
+
+    def __init__(self, worker_clock: Callable[[], float], initial: ClockOffset, every_s: float = 60.0,
+                 rounds: int = 8):
+        self.clock = worker_clock
+        self.every_s = every_s
+        self.rounds = rounds
+        self.offset = initial
+        self.history: list[tuple[float, ClockOffset]] = [(worker_clock(), initial)]
+        self._samples: list[tuple[float, float, float]] = []
+        self._next_s = worker_clock() + every_s
+        self._busy = False
+
+    def due(self) -> bool:
+        """A re-measurement should start now (none is under way)."""
+        return self.every_s > 0 and not self._busy and self.clock() >= self._next_s
+
+    def ping(self) -> float:
+        """Start (or continue) a re-measurement: the worker's clock at the ping, to send with it."""
+        self._busy = True
+        return self.clock()
+
+    def pong(self, t0: float, t_driver: float) -> ClockOffset | None:
+        """A pong for the ping sent at ``t0``: the new offset after the last round, else None (send another
+        ping)."""
+        self._samples.append((t0, t_driver, self.clock()))
+        if len(self._samples) < self.rounds:
+            return None
+        self.offset = estimate_offset(self._samples)
+        self._samples = []
+        self._busy = False
+        now = self.clock()
+        self.history.append((now, self.offset))
+        self._next_s = now + self.every_s
+        return self.offset
+
+    @property
+    def drift_s(self) -> float:
+        """The offset now minus the offset measured before the run."""
+        return self.offset.offset_s - self.history[0][1].offset_s

@@ -40,8 +40,9 @@ from ..core import Request
 from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
 from ..distributed.executors import UnitError
 from ..distributed.ray_cluster import node_address
-from .clock import ClockOffset, measure_offset
+from .clock import ClockOffset, ClockSync, measure_offset
 from .http import HttpBackend
+from .memtrace import MemTrace
 from .workers import BatchedEmit, WorkerSettings, send_and_report
 
 _LEN = struct.Struct("!I")
@@ -52,8 +53,11 @@ EARLY_WAKE_S = 0.0002
 
 @dataclass(frozen=True)
 class LoadWorkerSettings(WorkerSettings):
-    """A stream worker's settings, plus the ping-pong rounds of the clock-offset measurement."""
+    """A stream worker's settings, plus the ping-pong rounds of the clock-offset measurement, and how often
+    (worker clock, seconds; 0: never) and in how many rounds the offset is measured again during the run."""
     ping_rounds: int = 16
+    resync_every_s: float = 60.0
+    resync_rounds: int = 8
 
 
 @dataclass(frozen=True)
@@ -156,9 +160,11 @@ class Frames:
 
 # -- the worker ------------------------------------------------------------------------------------------------
 class _Worker(BatchedEmit):
-    def __init__(self, sock: socket.socket, clock: ClockOffset, settings: LoadWorkerSettings):
+    def __init__(self, sock: socket.socket, clock: ClockOffset, settings: LoadWorkerSettings, index: int = 0):
         self.sock = sock
+        self.index = index
         self.offset_s = clock.offset_s
+        self.sync = ClockSync(time.monotonic, clock, settings.resync_every_s, settings.resync_rounds)
         self.t0 = math.inf  # the driver's run-clock zero (driver's monotonic), sent before any job
         self.s = settings
         self.heap: list[tuple[float, int, tuple]] = []
@@ -180,6 +186,13 @@ class _Worker(BatchedEmit):
 
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
+        self.mem = MemTrace(f"load-worker-{self.index}")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
+        self.mem.start()
+        if self.mem.on:
+            def tick() -> None:
+                self.mem.tick()
+                self.loop.call_later(1.0, tick)
+            tick()
         self.client = HttpBackend(model=self.s.model, clock=self.now, api=self.s.api,
                                   engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
                                   priority_of=lambda r: self.prios.get(r.request_id))
@@ -189,6 +202,8 @@ class _Worker(BatchedEmit):
             self.sock.setblocking(False)
             self.out = Outbox(self.sock, self.loop, self.stopped.set)
             self.loop.add_reader(self.sock.fileno(), self._readable)
+            if self.s.resync_every_s > 0:
+                self._resync_check()
             await self.stopped.wait()
             self.loop.remove_reader(self.sock.fileno())
             if self._timer is not None:
@@ -198,6 +213,7 @@ class _Worker(BatchedEmit):
             await asyncio.gather(*self.tasks, return_exceptions=True)
         finally:
             self.client.close()
+            self.mem.dump()
 
     def _readable(self) -> None:
         try:
@@ -222,12 +238,28 @@ class _Worker(BatchedEmit):
                     self.prios.pop(req.request_id, None)
                     self.client.prompt_texts.pop(req.request_id, None)
                     heapq.heappush(self.heap, (planned_s, next(self.seq), (req, inst, raw)))
+                elif kind == "pong":
+                    self._pong(item[1], item[2])
                 elif kind == "t0":
                     self.t0 = item[1]
                 elif kind == "stop":
                     self.stopped.set()
                     return
         self._arm()
+
+    # -- clock re-synchronisation ------------------------------------------------------------------------------
+    def _resync_check(self) -> None:
+        if self.sync.due():
+            self.out.write([("ping", self.index, self.sync.ping())])
+        self.loop.call_later(min(1.0, self.s.resync_every_s / 4), self._resync_check)
+
+    def _pong(self, t0: float, t_driver: float) -> None:
+        off = self.sync.pong(t0, t_driver)
+        if off is None:
+            self.out.write([("ping", self.index, self.sync.ping())])
+            return
+        self.offset_s = off.offset_s  # from now on planned sends and reported times follow the driver's clock
+        self.out.write([("clock", self.index, off.offset_s, off.rtt_s)])
 
     # -- the schedule ------------------------------------------------------------------------------------------
     def _arm(self) -> None:
@@ -289,7 +321,7 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         send_msg(sock, ("clock", clock.offset_s, clock.rtt_s))
         loop = new_event_loop()
         try:
-            loop.run_until_complete(_Worker(sock, clock, settings).run())
+            loop.run_until_complete(_Worker(sock, clock, settings, worker).run())
         finally:
             loop.close()
     except (EOFError, OSError):  # the driver went away
@@ -315,6 +347,8 @@ class LoadWorkers:
         self.calls: list[Call] = []
         self.socks: list[socket.socket] = []
         self.info: list[WorkerInfo] = []
+        #: per worker: (driver monotonic, offset) for the offset measured before the run and each re-measurement
+        self.clock_history: list[list[tuple[float, ClockOffset]]] = [[] for _ in range(n)]
         self.load = [0] * n
         self.worker_of: dict[int, int] = {}
         self.outbox: list[list[tuple]] = [[] for _ in range(n)]
@@ -359,6 +393,7 @@ class LoadWorkers:
                     elif msg[0] == "clock":
                         w = self.info[i]
                         self.info[i] = WorkerInfo(w.worker, w.host, w.pid, ClockOffset(msg[1], msg[2]))
+                        self.clock_history[i].append((time.monotonic(), self.info[i].clock))
                         break
             for i, sock in enumerate(self.socks):
                 if recv_msg(sock) != [("ready",)]:
@@ -436,10 +471,19 @@ class LoadWorkers:
             return
         for batch in self.frames[i].feed(data):
             for item in batch:
-                if item[0] == "done":
+                kind = item[0]
+                if kind == "done":
                     w = self.worker_of.pop(item[1], None)
                     if w is not None:
                         self.load[w] -= 1
+                elif kind == "ping":  # a worker re-measuring its clock offset: answer at once
+                    self.outs[i].write([("pong", item[2], time.monotonic())])
+                    continue
+                elif kind == "clock":
+                    w = self.info[i]
+                    self.info[i] = WorkerInfo(w.worker, w.host, w.pid, ClockOffset(item[2], item[3]))
+                    self.clock_history[i].append((time.monotonic(), self.info[i].clock))
+                    continue
                 self.on_item(item)
 
     def _lost(self, i: int) -> None:
@@ -469,9 +513,12 @@ class LoadWorkers:
             sock.close()
 
 
-def worker_summary(info: list[WorkerInfo], records: list, worker_of: dict[int, int]) -> list[dict]:
-    """One row per worker: clock offset (ms) and its error bound (half the minimum round trip), requests sent,
-    dispatch lag ``actual_send_s - planned_send_s`` p50 / p99 / max (ms, the driver's clock)."""
+def worker_summary(info: list[WorkerInfo], records: list, worker_of: dict[int, int],
+                   clock_history: list[list[tuple[float, ClockOffset]]] | None = None) -> list[dict]:
+    """One row per worker: clock offset (ms, the last measured) and its error bound (half the minimum round
+    trip), with ``clock_history``: re-measurements during the run and the drift (last offset minus the one
+    measured before the run, ms); requests sent, dispatch lag ``actual_send_s - planned_send_s`` p50 / p99 / max
+    (ms, the driver's clock)."""
     import numpy as np
 
     lags: dict[int, list[float]] = {w.worker: [] for w in info}
@@ -488,8 +535,16 @@ def worker_summary(info: list[WorkerInfo], records: list, worker_of: dict[int, i
         lag = np.asarray(lags[w.worker]) * 1e3
         rows.append({"worker": w.worker, "host": w.host, "pid": w.pid,
                      "clock_offset_ms": w.clock.offset_s * 1e3, "clock_error_ms": w.clock.max_error_s * 1e3,
+                     **_drift(clock_history[w.worker] if clock_history else []),
                      "requests": sent[w.worker],
                      "lag_p50_ms": float(np.percentile(lag, 50)) if lag.size else None,
                      "lag_p99_ms": float(np.percentile(lag, 99)) if lag.size else None,
                      "lag_max_ms": float(lag.max()) if lag.size else None})
     return rows
+
+
+def _drift(history: list[tuple[float, ClockOffset]]) -> dict:
+    if len(history) < 1:
+        return {}
+    first, last = history[0][1], history[-1][1]
+    return {"clock_resyncs": len(history) - 1, "clock_drift_ms": (last.offset_s - first.offset_s) * 1e3}

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from ..core import Failed, Finished, InstanceSpec, Request
 from ..live.drive import Drive, probe_health
+from ..live.memtrace import MemTrace
 from .metrics import ProxyMetrics
 
 DEFAULT_MAX_TOKENS = 256
@@ -94,6 +95,7 @@ class Gateway:
         self._idle.set()
         self.session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
+        self._mem = MemTrace("proxy")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
 
     # -- clock and app ------------------------------------------------------------------
     def now(self) -> float:
@@ -111,6 +113,7 @@ class Gateway:
         return app
 
     async def _start(self, app: web.Application) -> None:
+        self._mem.start()
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s))
@@ -122,6 +125,7 @@ class Gateway:
             self._health_task.cancel()
         if self.session is not None:
             await self.session.close()
+        self._mem.dump()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Refuse new requests; wait (up to ``timeout_s``) until those in flight are done."""
@@ -332,6 +336,7 @@ class Gateway:
             self.metrics.decisions += self.dispatcher.num_decisions - before
             for i, good in enumerate(ok):
                 self.metrics.healthy[i] = int(good)
+            self._mem.tick()
             await asyncio.sleep(self.cfg.health_interval_s)
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lbbench.live.clock import estimate_offset, measure_offset
+from lbbench.live.clock import ClockSync, estimate_offset, measure_offset
 
 
 class FakeLink:
@@ -62,3 +62,71 @@ def test_the_error_is_at_most_half_the_minimum_round_trip(skew, legs):
     est = measure_offset(link.worker_clock, link.ask_driver, rounds=len(legs))
     assert est.rtt_s == pytest.approx(min(u + d for u, d in legs), abs=1e-6)
     assert abs(est.offset_s - skew) <= est.max_error_s + 1e-6
+
+
+class DriftingClocks:
+    """A driver clock, and a worker clock that runs ``rate`` faster (50 ppm: a drifting oscillator, exaggerated)
+    from an initial offset; each leg of a ping-pong takes ``leg_s``."""
+
+    def __init__(self, offset_s: float = 0.25, rate: float = 50e-6, leg_s: float = 0.0002):
+        self.driver_t = 10.0
+        self.offset_s, self.rate, self.leg_s = offset_s, rate, leg_s
+
+    def worker(self) -> float:
+        return self.driver_t * (1 + self.rate) + self.offset_s
+
+    def true_offset(self) -> float:
+        return self.worker() - self.driver_t
+
+    def advance(self, dt_s: float) -> None:
+        self.driver_t += dt_s
+
+    def round_trip(self, sync: ClockSync, t0: float):
+        self.advance(self.leg_s)
+        td = self.driver_t
+        self.advance(self.leg_s)
+        return sync.pong(t0, td)
+
+
+def test_resync_follows_a_drifting_clock():
+    clocks = DriftingClocks()
+    first = measure_offset(clocks.worker, lambda: (clocks.advance(0.0002), clocks.driver_t, clocks.advance(0.0002))[1])
+    assert first.offset_s == pytest.approx(clocks.true_offset(), abs=1e-6)
+    sync = ClockSync(clocks.worker, first, every_s=60.0, rounds=4)
+    errors_fixed, errors_synced = [], []
+    for _ in range(30 * 60):  # a 30-minute run, checked every second
+        clocks.advance(1.0)
+        if sync.due():
+            off = None
+            while off is None:
+                off = clocks.round_trip(sync, sync.ping())
+        errors_fixed.append(abs(first.offset_s - clocks.true_offset()))
+        errors_synced.append(abs(sync.offset.offset_s - clocks.true_offset()))
+    # 50 ppm over 30 minutes: the offset measured once is 90 ms off by the end; re-measured every minute it
+    # stays within one minute's drift (3 ms) plus the ping-pong's error bound
+    assert errors_fixed[-1] == pytest.approx(50e-6 * 1800, rel=0.01)
+    assert max(errors_synced) <= 50e-6 * 61 + 0.0002 + 1e-9
+    assert len(sync.history) - 1 == 30  # one re-measurement per minute
+    assert sync.drift_s == pytest.approx(50e-6 * 1800, rel=0.05)
+    assert sync.offset.rtt_s == pytest.approx(0.0004, rel=1e-3)  # on the worker's (faster) clock
+
+
+def test_resync_keeps_the_minimum_round_trip_and_waits_its_turn():
+    clocks = DriftingClocks(rate=0.0)
+    sync = ClockSync(clocks.worker, estimate_offset([(0.0, -0.25, 0.0)]), every_s=10.0, rounds=3)
+    clocks.advance(5.0)
+    assert not sync.due()
+    clocks.advance(5.0)
+    assert sync.due()
+    t0 = sync.ping()
+    assert not sync.due()  # under way
+    legs = [(0.004, 0.001), (0.0001, 0.0001), (0.002, 0.0)]  # the second round is the tightest
+    out = None
+    for up, down in legs:
+        clocks.advance(up)
+        td = clocks.driver_t
+        clocks.advance(down)
+        out = sync.pong(t0, td)
+        t0 = sync.ping() if out is None else t0
+    assert out is not None and out.rtt_s == pytest.approx(0.0002)
+    assert out.offset_s == pytest.approx(0.25, abs=1e-4)

@@ -111,3 +111,23 @@ def test_load_workers_through_the_cli(fleet, run_on_fleet, tmp_path):
     for bad in (["--load-workers", "-1"], ["--load-workers", "two"], ["--load-workers", "2", "--stream-workers", "2"]):
         res = CliRunner().invoke(main, ["run", "--endpoint", fleet.endpoints[0], *bad])
         assert res.exit_code == 2 and "--load-workers" in res.output, res.output
+
+
+def test_workers_remeasure_their_clock_offset_during_the_run(fleet, tmp_path, monkeypatch):
+    import dataclasses
+
+    import lbbench.live.load_workers as lw
+    real = lw.LoadWorkers
+
+    def every_half_second(n, settings, **kw):
+        return real(n, dataclasses.replace(settings, resync_every_s=0.5), **kw)
+    monkeypatch.setattr(lw, "LoadWorkers", every_half_second)
+    reqs = _requests(160, 40.0)  # 4 s of arrivals: several re-measurements per worker
+    res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints, run_id="lw", seed=0,
+                     load_workers=2, scrape_interval_s=None, out_dir=tmp_path)
+    assert res.complete and sorted(r.request_id for r in res.records) == list(range(len(reqs)))
+    assert all(r.error is None for r in res.records)
+    for w in res.load_workers:
+        assert w["clock_resyncs"] >= 3
+        # one machine, one monotonic clock: no drift beyond the two measurements' error bounds
+        assert abs(w["clock_drift_ms"]) <= 2 * max(w["clock_error_ms"], 1.0)
