@@ -18,6 +18,7 @@ from rich.table import Table
 
 from ..distributed import UnitError, get_executor
 from ..live.saturation import DEFAULT_WINDOW_S
+from .find_rate import find_rate_cli
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
 from .common import err_console
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
@@ -276,7 +277,6 @@ def run_cmd(**kw: Any) -> None:
     from ..profiles import load_profile
 
     if kw["find_rate"]:
-        from ..planning.find_rate import find_rate_cli
         find_rate_cli(config_from_flags(kw), kw)
         return
     cfg = config_from_flags(kw).resolved()

@@ -1,6 +1,6 @@
 """Where a run's units run: the simulator (``SimBackend``) or live servers (``LiveBackend``).
 
-A backend runs one ``Work`` with ``run(work)``: it gives the one unit body (``units.run_unit``) a ``Fleet``
+A backend runs one ``Work`` with ``run(work)``: it gives the one unit body (``units.run_unit``) its ``Instances``
 and its reporter. It also says where its units run (``executor(given)``), what ``run.toml`` records about it
 (``describe``), which errors end a run early keeping what was measured (``stopping_errors``), and releases what
 it holds (``close``); ``run_experiment`` asks nothing else of it.
@@ -33,7 +33,7 @@ from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint
                                     prompt_length_mismatches, texts_for)
 from ..profiles import Profile
 from ..profiling.measure import MeasureError, engine_info
-from ..routers.priority import request_priority
+from ..priority import request_priority
 from ..sim.cluster import ClusterSim
 from .config import RunConfig, Variant, split_endpoint
 from .rundir import RunDir

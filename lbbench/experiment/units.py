@@ -8,7 +8,7 @@ lists every unit in run order (rate, variant, seed, router).
 ``run_unit(work, fleet, reporter)`` is the only code that runs a unit: it builds and annotates the seed's
 requests (cached per process, so that consecutive units of one seed build them once, and every router of a seed
 sees the very same requests), makes the unit's router, notes a learned router that routes with its guidance
-heuristic, runs the unit on the ``Fleet`` a backend gives it (``lbbench.experiment.backends``) and builds the
+heuristic, runs the unit on the ``Instances`` a backend gives it (``lbbench.experiment.backends``) and builds the
 unit's frames.
 """
 
@@ -145,7 +145,7 @@ class UnitOutput:
     decisions: pl.DataFrame | None = None
 
 
-class Fleet(Protocol):
+class Instances(Protocol):
     """The instances a unit runs on (simulated instances; attached endpoints; or launched vLLM servers)."""
 
     num_instances: int
@@ -227,7 +227,7 @@ def mark_saturation(frame: pl.DataFrame, label: str, res: UnitResult) -> tuple[p
     return frame, f"{label}: saturated at {at:.1f} s (the backlog kept growing); {what}"
 
 
-def run_unit(work: Work, fleet: Fleet, reporter: Reporter) -> UnitOutput:
+def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
     cols = run_columns(cfg, profile, unit.variant, work.fleet)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..core import ClusterView, Decision, InstanceView, Request
 from ..profiles import Profile
-from .priority import job_time_s
+from ..priority import job_time_s
 from .registry import register
 
 #: the paper's "heavy decode": >= 5 s of decoding at the profile's minimum step

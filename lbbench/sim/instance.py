@@ -53,7 +53,7 @@ import numpy as np
 
 from ..core import Event, Failed, Finished, FirstToken, Preempted, Request, StepsAdvanced
 from ..profiles import Profile
-from ..routers.priority import request_priority
+from ..priority import request_priority
 from .prefix_cache import PrefixCache, block_keys
 
 INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left", "priority")
@@ -362,7 +362,7 @@ class SimInstance:
         return best if best is not None else self.waiting[0]
 
     #: the priority policy's source of a request's priority (default: its predicted
-    #: work, ``lbbench.routers.priority``); an emulated server sets it to what the
+    #: work, ``lbbench.priority``); an emulated server sets it to what the
     #: client sent in the request's ``priority`` field
     priority_of: Callable[[Request], int] | None = None
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 from hypothesis import given, settings, strategies as st
 
 from lbbench.core import Finished, FirstToken, Preempted
-from lbbench.routers.priority import job_time_s, request_priority
+from lbbench.priority import job_time_s, request_priority
 from lbbench.sim.instance import SimInstance
 from factories import req, tiny_profile
 

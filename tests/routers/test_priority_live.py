@@ -18,7 +18,7 @@ from lbbench.live.http import request_body
 from lbbench.engines.vllm.launcher import server_args
 from lbbench.harness.replay import run_replay
 from lbbench.routers import get_router
-from lbbench.routers.priority import request_priority
+from lbbench.priority import request_priority
 from factories import req, tiny_profile
 
 

@@ -7,12 +7,15 @@ same priority in the simulator (``--instance-scheduler priority``) and on the
 wire (the ``priority`` field of a live request): its predicted work, the prefill
 plus predicted decode time at the profile's minimum step, in whole
 milliseconds (vLLM's priority is an integer).
+
+It sits beside ``core`` because both the simulated engine (``sim.instance``) and the live backend read it, and
+the Min-Min heuristics share its job-time estimate: none of them should import the others' packages for it.
 """
 
 from __future__ import annotations
 
-from ..core import Request
-from ..profiles import Profile
+from .core import Request
+from .profiles import Profile
 
 
 def job_time_s(request: Request, profile: Profile | None) -> float:
