@@ -17,10 +17,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..distributed import UnitError, get_executor
-from ..live.saturation import DEFAULT_WINDOW_S
-from .find_rate import find_rate_cli
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
+from ..live.saturation import DEFAULT_WINDOW_S
+from ..reports.render import cell
 from .common import err_console
+from .find_rate import find_rate_cli
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
 from .trace import trace_transform_options
 
@@ -419,9 +420,7 @@ def _fmt(col: str, v: Any) -> str:
         return f"{v:+.2f}"
     if col == "slo_attainment":
         return f"{100 * v:.1f} %"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-    return str(v)
+    return cell(v)
 
 
 def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, complete: bool) -> None:

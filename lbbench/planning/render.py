@@ -13,6 +13,7 @@ import io
 import json
 from typing import Any
 
+from ..reports.render import cell
 from .capacity import PRICE_COLUMNS, ROW_COLUMNS, Plan
 
 WHAT = ("Profiles are physics-derived (lbbench profile derive's roofline from the model config and the GPU "
@@ -64,9 +65,7 @@ def fmt(col: str, v: Any) -> str:
         return f"{100 * v:.1f} %"
     if col == "usd_per_hour":
         return f"{v:.2f}"
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
-    return str(v)
+    return cell(v)
 
 
 def title(plan: Plan) -> str:

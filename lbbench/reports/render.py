@@ -38,6 +38,15 @@ HEADERS = {
 }
 
 
+def cell(v: Any) -> str:
+    """A plain cell of a command's own table: '-' for missing, 3 decimals below 10 and 1 from there, else str."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
 def header(col: str) -> str:
     if " | " in col:
         group, metric = col.split(" | ", 1)
