@@ -73,6 +73,15 @@ def in_flight(gateway: str, backend: str) -> int:
     return int(m.group(1)) if m else -1
 
 
+def in_flight_total(gateway: str) -> int:
+    """Requests in flight at the proxy, all backends (-1 when /metrics does not answer)."""
+    try:
+        text = urllib.request.urlopen(gateway + "/metrics", timeout=5).read().decode()
+    except OSError:
+        return -1
+    return sum(int(n) for n in re.findall(r'lbbench_proxy_backend_in_flight\{backend="[^"]*"\} (\d+)', text))
+
+
 def start_backend(port: int) -> subprocess.Popen:
     return subprocess.Popen(LB + ["serve-sim", "--instances", "1", "--profile", PROFILE, "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,7 +125,7 @@ class Soak:
         self.samples.append({"t_s": round(time.monotonic() - self.t_start, 1),
                              "proxy_rss_mb": round(rss_mb(self.proxy.pid), 1),
                              "client_rss_mb": round(sum(rss_mb(p) for p in pids), 1),
-                             "client_processes": len(pids)})
+                             "client_processes": len(pids), "proxy_in_flight": in_flight_total(self.gateway)})
 
     def chaos(self) -> None:
         """Sample RSS every ``sample_every`` s; kill and restart one backend every ``kill_every`` minutes."""
