@@ -32,7 +32,7 @@ LBBENCH = os.environ["LBBENCH"].split() if os.environ.get("LBBENCH") else [_SCRI
 
 NEW = ("predicted_latency", "token_affinity", "kv_overlap")                       # the new production baselines
 PRODUCTION = ("round_robin", "least_requests", "prefix_load", "cache_aware")      # earlier production baselines
-OWN = ("jsq", "mcu", "cache_length_aware", "late_binding_srpt", "wgrl")           # lbbench's (and the paper's) own
+OWN = ("jsq", "mcu", "jsq_speed", "least_work_speed", "cache_length_aware", "late_binding_srpt", "wgrl")  # lbbench's, the paper's
 NOT_DEPLOYABLE = ("lookahead",)
 ROUTERS = ",".join(PRODUCTION + NEW + OWN)
 F1_ROUTERS = ",".join(("least_requests",) + NEW + ("mcu", "jsq_speed", "least_work_speed", "late_binding_srpt", "wgrl"))
