@@ -20,21 +20,21 @@ import argparse
 import json
 import os
 import re
-from collections import Counter
 import sys
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_proxy import Soak, workload  # noqa: E402
+from soak_proxy import Soak, workload
 
-from lbbench.experiment.config import auto_load_workers  # noqa: E402
-from lbbench.harness.replay import run_replay  # noqa: E402
-from lbbench.live.memtrace import ENV, ENV_WARMUP  # noqa: E402
-from lbbench.routers import get_router  # noqa: E402
+from lbbench.experiment.config import auto_load_workers
+from lbbench.harness.replay import run_replay
+from lbbench.live.memtrace import ENV, ENV_WARMUP
+from lbbench.routers import get_router
 
 
 def slope_mb_per_min(samples: list[dict], key: str, warmup_s: float) -> float | None:

@@ -22,7 +22,7 @@ class MemTrace:
     def __init__(self, role: str, path: str | None = None, warmup_s: float | None = None, frames: int = 4):
         self.path = path if path is not None else os.environ.get(ENV)
         self.role = role
-        self.warmup_s = float(os.environ.get(ENV_WARMUP, 30.0)) if warmup_s is None else warmup_s
+        self.warmup_s = float(os.environ.get(ENV_WARMUP, "30")) if warmup_s is None else warmup_s
         self.frames = frames
         self.baseline: tracemalloc.Snapshot | None = None
         self.t_start = 0.0
@@ -48,10 +48,12 @@ class MemTrace:
             return None
         end = tracemalloc.take_snapshot()
         base = self.baseline
-        flt = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
+        flt = [tracemalloc.Filter(False, tracemalloc.__file__),
+               tracemalloc.Filter(False, "<frozen importlib._bootstrap>")]
         end = end.filter_traces(flt)
-        lines = [f"# {self.role}: tracemalloc growth over {time.monotonic() - (self.t_base or self.t_start):.0f} s "
-                 f"after {'a baseline' if base else 'start (no baseline: run shorter than the warm-up)'}"]
+        since = "a baseline" if base else "start (no baseline: run shorter than the warm-up)"
+        span_s = time.monotonic() - (self.t_base or self.t_start)
+        lines = [f"# {self.role}: tracemalloc growth over {span_s:.0f} s after {since}"]
         if base is None:
             stats = end.statistics("lineno")[:top]
             lines += [str(s) for s in stats]

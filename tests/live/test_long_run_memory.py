@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from lbbench.core import ClusterState, Dispatched, Finished, FirstToken, InstanceSpec, Request, TokensGenerated
+from lbbench.core import (
+    ClusterState,
+    Dispatched,
+    Finished,
+    FirstToken,
+    InstanceSpec,
+    Request,
+    TokensGenerated,
+)
 
 
 def _stream(state: ClusterState, rid: int, inst: int, t: float, tokens: int = 100, overlap: int = 0) -> None:

@@ -4,10 +4,11 @@ empty and the state's finish heaps bounded (a long run's memory stays flat)."""
 from __future__ import annotations
 
 from harness.conftest import poisson_requests
+
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
-from lbbench.profiles import load_profile
 from lbbench.harness import replay as replay_mod
 from lbbench.harness.replay import run_replay
+from lbbench.profiles import load_profile
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig
 from lbbench.routers import get_router
 
