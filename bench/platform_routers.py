@@ -26,9 +26,7 @@ import statistics
 import subprocess
 import sys
 
-# the console script beside the interpreter (the package has no __main__, so `python -m lbbench` does not run)
-_SCRIPT = os.path.join(os.path.dirname(sys.executable), "lbbench")
-LBBENCH = os.environ["LBBENCH"].split() if os.environ.get("LBBENCH") else [_SCRIPT if os.path.exists(_SCRIPT) else "lbbench"]
+LBBENCH = os.environ["LBBENCH"].split() if os.environ.get("LBBENCH") else [sys.executable, "-m", "lbbench"]
 
 NEW = ("predicted_latency", "token_affinity", "kv_overlap")                       # the new production baselines
 PRODUCTION = ("round_robin", "least_requests", "prefix_load", "cache_aware")      # earlier production baselines
