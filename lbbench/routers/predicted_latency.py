@@ -135,6 +135,10 @@ class OnlineLinear:
         return s
 
 
+#: the prediction error the issue's target reads: predictions made after this many completions trained the model
+WARM_COMPLETIONS = 500
+
+
 def _mape(errors: list[float]) -> float | None:
     return 100.0 * sum(errors) / len(errors) if errors else None
 
@@ -186,6 +190,9 @@ class PredictedLatency(_Base):
         self.first_fit_completions: int | None = None
         self.ttft_ape: list[float] = []
         self.tpot_ape: list[float] = []
+        # the same, for predictions made once the model had learned from WARM_COMPLETIONS completions
+        self.ttft_ape_warm: list[float] = []
+        self.tpot_ape_warm: list[float] = []
 
     @property
     def fitted(self) -> bool:
@@ -299,7 +306,7 @@ class PredictedLatency(_Base):
             preds = {i: self.predict(x) for i, x in feats.items()}
             inst = self._choose(r, healthy, preds)
             pred = preds[inst]
-        self._open[r.request_id] = [feats[inst], now_s, pred[0], pred[1], None]
+        self._open[r.request_id] = [feats[inst], now_s, pred[0], pred[1], None, self.completions]
         self.trees.insert(inst, r)
         return Decision(0, inst)
 
@@ -315,6 +322,8 @@ class PredictedLatency(_Base):
                 self.ttft_model.add(rec[0], ttft)
                 if rec[2] is not None:
                     self.ttft_ape.append(abs(rec[2] - ttft) / ttft)
+                    if rec[5] >= WARM_COMPLETIONS:
+                        self.ttft_ape_warm.append(self.ttft_ape[-1])
         elif isinstance(ev, Finished):
             rec = self._open.pop(ev.request_id, None)
             if rec is None:
@@ -325,6 +334,8 @@ class PredictedLatency(_Base):
                     self.tpot_model.add(rec[0], tpot)
                     if rec[3] is not None:
                         self.tpot_ape.append(abs(rec[3] - tpot) / tpot)
+                        if rec[5] >= WARM_COMPLETIONS:
+                            self.tpot_ape_warm.append(self.tpot_ape[-1])
             self.completions += 1
             self._since_fit += 1
             # the first fit after min_samples completions, then as the window doubles, then every refit_every
@@ -347,7 +358,9 @@ class PredictedLatency(_Base):
     def prediction_error(self) -> dict[str, float | int | None]:
         """MAPE (%) of the TTFT and TPOT predictions the router chose on, over the run so far."""
         return {"ttft_mape_pct": _mape(self.ttft_ape), "tpot_mape_pct": _mape(self.tpot_ape),
-                "ttft_samples": len(self.ttft_ape), "tpot_samples": len(self.tpot_ape)}
+                "ttft_samples": len(self.ttft_ape), "tpot_samples": len(self.tpot_ape),
+                "warm_ttft_mape_pct": _mape(self.ttft_ape_warm), "warm_tpot_mape_pct": _mape(self.tpot_ape_warm),
+                "warm_samples": len(self.ttft_ape_warm)}
 
     def run_notes(self) -> list[str]:
         """What a run should say about this router: its cold start and its prediction error."""
@@ -364,6 +377,8 @@ class PredictedLatency(_Base):
 
         def fmt(v: Any) -> str:
             return "n/a" if v is None else f"{v:.1f} %"
+        warm = (f"; after {WARM_COMPLETIONS} completions: TTFT MAPE {fmt(e['warm_ttft_mape_pct'])}, TPOT MAPE "
+                f"{fmt(e['warm_tpot_mape_pct'])} ({e['warm_samples']} requests)" if e["warm_samples"] else "")
         return [cold, f"predicted_latency: prediction error over the run: TTFT MAPE {fmt(e['ttft_mape_pct'])} "
                       f"({e['ttft_samples']} requests), TPOT MAPE {fmt(e['tpot_mape_pct'])} "
-                      f"({e['tpot_samples']} requests)"]
+                      f"({e['tpot_samples']} requests){warm}"]
