@@ -311,6 +311,16 @@ class PredictedLatency(_Base):
         return Decision(0, inst)
 
     # ------------------------------------------------------------------ online training (off the decision path)
+    @staticmethod
+    def _error(predicted: float | None, actual: float, completions_then: int, run: list[float],
+               warm: list[float]) -> None:
+        """Log the absolute percentage error of a prediction (and among the warm ones, when it was made after
+        ``WARM_COMPLETIONS`` completions); a cold-start decision had no prediction."""
+        if predicted is not None:
+            run.append(abs(predicted - actual) / actual)
+            if completions_then >= WARM_COMPLETIONS:
+                warm.append(run[-1])
+
     def on_event(self, ev: Event) -> None:
         if isinstance(ev, FirstToken):
             rec = self._open.get(ev.request_id)
@@ -320,10 +330,7 @@ class PredictedLatency(_Base):
             ttft = ev.time_s - rec[1]
             if ttft > 0:
                 self.ttft_model.add(rec[0], ttft)
-                if rec[2] is not None:
-                    self.ttft_ape.append(abs(rec[2] - ttft) / ttft)
-                    if rec[5] >= WARM_COMPLETIONS:
-                        self.ttft_ape_warm.append(self.ttft_ape[-1])
+                self._error(rec[2], ttft, rec[5], self.ttft_ape, self.ttft_ape_warm)
         elif isinstance(ev, Finished):
             rec = self._open.pop(ev.request_id, None)
             if rec is None:
@@ -332,10 +339,7 @@ class PredictedLatency(_Base):
                 tpot = (ev.time_s - rec[4]) / (ev.output_tokens - 1)
                 if tpot > 0:
                     self.tpot_model.add(rec[0], tpot)
-                    if rec[3] is not None:
-                        self.tpot_ape.append(abs(rec[3] - tpot) / tpot)
-                        if rec[5] >= WARM_COMPLETIONS:
-                            self.tpot_ape_warm.append(self.tpot_ape[-1])
+                    self._error(rec[3], tpot, rec[5], self.tpot_ape, self.tpot_ape_warm)
             self.completions += 1
             self._since_fit += 1
             # the first fit after min_samples completions, then as the window doubles, then every refit_every
