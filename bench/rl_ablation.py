@@ -43,9 +43,10 @@ import sys
 import time
 from pathlib import Path
 
+from _common import train_config, train_workload_args  # bench/_common.py, beside this script
+
 from lbbench.distributed import get_executor
 from lbbench.routers.rl.policy import QPolicy
-from lbbench.training.config import TrainConfig
 
 ROWS: list[tuple[str, dict, bool]] = [  # (name, change, carried on to the next rows)
     ("before", dict(guidance_schedule="literal", discount="decision", estimator="interference",
@@ -77,10 +78,7 @@ def evaluate(ckpt: Path, args: argparse.Namespace) -> dict[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", default="llama2-7b-v100")
-    ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=20.0)
-    ap.add_argument("--requests", type=int, default=2000)
+    train_workload_args(ap, requests=2000)
     ap.add_argument("--episodes", type=int, default=30)
     ap.add_argument("--explore-episodes", type=int, default=20)
     ap.add_argument("--seeds", type=int, default=5)
@@ -89,9 +87,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="rows trained in parallel processes")
     args = ap.parse_args()
 
-    cfg = TrainConfig(router="wgrl", profile=args.profile, instances=args.instances, rate=args.rate,
-                      requests=args.requests, episodes=args.episodes,
-                      explore_episodes=args.explore_episodes)
+    cfg = train_config(args, router="wgrl", episodes=args.episodes, explore_episodes=args.explore_episodes)
     wanted = set(filter(None, args.rows.split(",")))
     plan = []
     for name, change, carried in ROWS:

@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 from .common import launch_as_profile, requests_for
-from .flags import backend_and_workload_options, load_options
-from .profile import predictor_option, ttft_fit_option
+from .flags import (backend_and_workload_options, load_options, predictor_option, repeats_option, seed_option,
+                    ttft_fit_option)
 
 
 def _placement(urls) -> dict | None:
@@ -48,10 +48,9 @@ def _placement(urls) -> dict | None:
 @click.option("--router", "routers", default="round_robin,jsq,least_requests", show_default=True,
               help="Comma-separated routers to compare.")
 @load_options
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Live replays per router, interleaved by router (and by workload with --calibrate-on).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the evaluated requests (calibrate a profile on another).")
+@repeats_option(default=3,
+                help="Live replays per router, interleaved by router (and by workload with --calibrate-on).")
+@seed_option(default=0, help="Seed of the evaluated requests (calibrate a profile on another).")
 @predictor_option
 @click.option("--prefix-caching/--no-prefix-caching", default=None,
               help="Automatic prefix caching, live and simulated (default: as the profile says); on, the hit rates "

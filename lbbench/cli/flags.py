@@ -75,6 +75,57 @@ def api_server_option(f: Callable[..., Any]) -> Callable[..., Any]:
                              "instance, beside its engine core.")(f)
 
 
+_PIN_WITH_LAUNCH = ("With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
+                    "so that instances do not share compute (as GPU instances do not); refused when "
+                    "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned.")
+
+
+def cpus_per_instance_option(help: str = _PIN_WITH_LAUNCH) -> Callable[[Any], Any]:
+    """``--cpus-per-instance N`` (None without the flag) -> keyword ``cpus_per_instance``; ``help`` as the
+    command says it (the default: the pinning of ``--launch``'s instances)."""
+    return click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None, help=help)
+
+
+def vllm_python_option(help: str | None = None) -> Callable[[Any], Any]:
+    """``--vllm-python FILE`` (None without the flag) -> keyword ``vllm_python``."""
+    return click.option("--vllm-python", default=None, type=click.Path(dir_okay=False), help=help)
+
+
+def log_dir_option(default: str, help: str | None = None) -> Callable[[Any], Any]:
+    """``--log-dir DIRECTORY`` of the launched servers' logs -> keyword ``log_dir``."""
+    return click.option("--log-dir", type=click.Path(file_okay=False), default=default, show_default=True,
+                        help=help)
+
+
+def port_option(flag: str, default: int, help: str | None = None) -> Callable[[Any], Any]:
+    """A TCP port, ``flag`` (``--port``, ``--port-base``) -> its keyword (``port``, ``port_base``)."""
+    return click.option(flag, type=click.IntRange(1, 65535), default=default, show_default=True, help=help)
+
+
+def repeats_option(default: int, help: str) -> Callable[[Any], Any]:
+    """``--repeats N`` (N >= 1) of the live replays -> keyword ``repeats``."""
+    return click.option("--repeats", type=click.IntRange(min=1), default=default, show_default=True, help=help)
+
+
+def seed_option(default: int, help: str) -> Callable[[Any], Any]:
+    """``--seed N`` of the replayed requests -> keyword ``seed``."""
+    return click.option("--seed", type=int, default=default, show_default=True, help=help)
+
+
+def ttft_fit_option(default: str) -> Callable[[Any], Any]:
+    """``--ttft-fit`` of the calibration (``profile calibrate`` and ``fidelity --calibrate-on``)."""
+    return click.option(
+        "--ttft-fit", type=click.Choice(["mean", "split"]), default=default, show_default=True,
+        help="How the calibration fits the time to first token: split fits the per-token prefill cost to how TTFT "
+             "grows with the prompt (longer half against shorter half) and the API overhead to the shorter half "
+             "(transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
+
+
+#: ``--predictor`` of the replays that calibrate and check a profile (``profile calibrate``, ``fidelity``)
+predictor_option = click.option("--predictor", default="oracle", show_default=True,
+                                help="Output-length predictor (as run).")
+
+
 def ray_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--ray [auto|ADDRESS]`` -> keyword ``ray_address``: None without the flag, ``"auto"`` for ``--ray`` alone.
 
@@ -104,10 +155,7 @@ backend_and_workload_options = options(
                  help="Start --instances vLLM servers for this model (`tiny`: the tiny local model), configured "
                       "as the profile says (max_num_seqs, token budget, chunked prefill, prefix caching)."),
     click.option("--instances", type=click.IntRange(min=1), default=2, show_default=True, help="With --launch."),
-    click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
-                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
-                      "so that instances do not share compute (as GPU instances do not); refused when "
-                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned."),
+    cpus_per_instance_option(),
     api_server_option,
     click.option("--workload", default="poisson", show_default=True,
                  help="paper-mix, paper-classes, poisson, dataset:FILE (ignored with --trace)."),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from .flags import api_server_option
+from .flags import api_server_option, cpus_per_instance_option, log_dir_option, port_option, vllm_python_option
 
 
 def _write_endpoints(path: str | None, urls: list[str]) -> None:
@@ -39,20 +39,16 @@ def _announce(urls: list[str], what: str, endpoints_file: str | None) -> None:
 @click.option("--max-num-seqs", type=click.IntRange(min=1), default=None, help="vLLM --max-num-seqs.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
               help="vLLM --max-num-batched-tokens.")
-@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False),
-              help="Python of the vLLM environment (default: `vllm` on the PATH, else .venv-vllm).")
-@click.option("--port-base", type=click.IntRange(1, 65535), default=8100, show_default=True,
-              help="Port of the first server; the others follow.")
-@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/launch-logs", show_default=True,
-              help="Where each server's log is kept.")
+@vllm_python_option(help="Python of the vLLM environment (default: `vllm` on the PATH, else .venv-vllm).")
+@port_option("--port-base", default=8100, help="Port of the first server; the others follow.")
+@log_dir_option(default="runs/launch-logs", help="Where each server's log is kept.")
 @click.option("--health-timeout", "health_timeout_s", type=click.FloatRange(min=1), default=600.0,
               show_default=True, help="Seconds to wait for every /health.")
 @click.option("--endpoints-file", default=None, type=click.Path(dir_okay=False),
               help="Also write the endpoint URLs to this file.")
-@click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
-              help="CPU instances: pin each to its own N cores (no two share compute, as GPUs do not); the "
-                   "cores left are for clients. Refused when instances x N + 1 exceeds the machine's cores. "
-                   "Default: the cores split between the instances, unpinned.")
+@cpus_per_instance_option(help="CPU instances: pin each to its own N cores (no two share compute, as GPUs do "
+                               "not); the cores left are for clients. Refused when instances x N + 1 exceeds the "
+                               "machine's cores. Default: the cores split between the instances, unpinned.")
 @api_server_option
 @click.argument("extra_args", nargs=-1, type=click.UNPROCESSED)
 def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_seqs: int | None,

@@ -1,5 +1,5 @@
 """``lbbench profile derive|measure|calibrate``: where profiles come from (``lbbench fidelity``, in ``fidelity.py``,
-says how true they are, with the workload options defined here)."""
+says how true they are; the options the two share are in ``flags.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import click
 import tomli_w
 
 from .common import launch_as_profile, requests_for
-from .flags import api_server_option, backend_and_workload_options, load_options
+from .flags import (api_server_option, backend_and_workload_options, cpus_per_instance_option, load_options,
+                    log_dir_option, port_option, predictor_option, repeats_option, seed_option, ttft_fit_option,
+                    vllm_python_option)
 
 
 def write_profile_toml(profile: dict, out: str | Path) -> Path:
@@ -20,20 +22,6 @@ def write_profile_toml(profile: dict, out: str | Path) -> Path:
     out.write_text(tomli_w.dumps(profile))
     return out
 
-
-def ttft_fit_option(default: str):
-    """``--ttft-fit`` of the calibration (``profile calibrate`` and ``fidelity --calibrate-on``)."""
-    return click.option(
-        "--ttft-fit", type=click.Choice(["mean", "split"]), default=default, show_default=True,
-        help="How the calibration fits the time to first token: split fits the per-token prefill cost to how TTFT "
-             "grows with the prompt (longer half against shorter half) and the API overhead to the shorter half "
-             "(transfers to other prompt lengths); mean fits the prefill cost alone to the mean.")
-
-
-
-#: ``--predictor`` of the replays that calibrate and check a profile (``profile calibrate``, ``fidelity``)
-predictor_option = click.option("--predictor", default="oracle", show_default=True,
-                                help="Output-length predictor (as run).")
 
 @click.group("profile")
 def profile() -> None:
@@ -202,15 +190,10 @@ def efficiency_cmd(vidur_dir: str | None, commit: str | None, out: str | None, f
               help="With --launch: servers to start (the machine's cores split between them, as `lbbench launch` "
                    "does); each is measured in turn and the points pooled. Measure with the split you will run.")
 @click.option("--hardware", default=None, help="What the engine runs on, for the profile (default: a guess).")
-@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False),
-              help="Python of the vLLM environment (with --launch).")
-@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/measure-logs", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8150, show_default=True,
-              help="Port for the launched server.")
-@click.option("--cpus-per-instance", type=click.IntRange(min=1), default=None,
-                 help="With --launch on CPUs: pin each instance to its own N cores and this client to the rest, "
-                      "so that instances do not share compute (as GPU instances do not); refused when "
-                      "instances x N + 1 exceeds the cores. Default: the cores split between instances, unpinned.")
+@vllm_python_option(help="Python of the vLLM environment (with --launch).")
+@log_dir_option(default="runs/measure-logs")
+@port_option("--port", default=8150, help="Port for the launched server.")
+@cpus_per_instance_option()
 @api_server_option
 def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, name: str | None, max_num_seqs: int,
                 max_num_batched_tokens: int, chunked_prefill: str, repeats: int, instances: int,
@@ -277,15 +260,14 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
 @backend_and_workload_options
 @click.option("--router", default="round_robin", show_default=True, help="Router of the calibration replays.")
 @load_options
-@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Live replays of the calibration requests (their means are fitted).")
-@click.option("--seed", type=int, default=1, show_default=True,
-              help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
+@repeats_option(default=2, help="Live replays of the calibration requests (their means are fitted).")
+@seed_option(default=1,
+             help="Seed of the calibration requests: not the seed you evaluate on (fidelity's default is 0).")
 @predictor_option
-@click.option("--vllm-python", default=None, type=click.Path(dir_okay=False))
+@vllm_python_option()
 @ttft_fit_option(default="mean")
-@click.option("--log-dir", type=click.Path(file_okay=False), default="runs/calibrate-logs", show_default=True)
-@click.option("--port-base", type=click.IntRange(1, 65535), default=8170, show_default=True)
+@log_dir_option(default="runs/calibrate-logs")
+@port_option("--port-base", default=8170)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Calibrated profile TOML to write.")
 def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: str | None, instances: int,
                   cpus_per_instance: int | None, api_server_cores: str,
