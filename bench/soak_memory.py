@@ -22,19 +22,15 @@ import os
 import re
 import sys
 import tempfile
-import threading
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_proxy import Soak, workload
+from soak_proxy import run_soak
 
-from lbbench.experiment.config import auto_load_workers
-from lbbench.harness.replay import run_replay
 from lbbench.live.memtrace import ENV, ENV_WARMUP
-from lbbench.routers import get_router
 
 
 def slope_mb_per_min(samples: list[dict], key: str, warmup_s: float) -> float | None:
@@ -59,22 +55,8 @@ def main() -> None:
     if args.trace:
         os.environ[ENV] = str(Path(args.trace).resolve())
         os.environ[ENV_WARMUP] = str(args.warmup)
-    reqs = workload(args.rate, args.minutes, args.seed)
-    workers = (auto_load_workers(args.rate, os.cpu_count() or 1) if args.load_workers == "auto"
-               else int(args.load_workers))
     soak_args = argparse.Namespace(kill_every=1e9, down=0.0, sample_every=args.sample_every)
-    soak = Soak(soak_args)
-    chaos = threading.Thread(target=soak.chaos, daemon=True)
-    try:
-        chaos.start()
-        with tempfile.TemporaryDirectory() as tmp:
-            res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id="soak-memory",
-                             seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
-                             request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
-        soak.sample()
-    finally:
-        soak.close()
-        chaos.join(5)
+    soak, res, reqs, workers = run_soak(args, soak_args, "soak-memory")
     samples = soak.samples[:-1] if len(soak.samples) > 2 else soak.samples
     warm = [s for s in samples if s["t_s"] >= args.warmup] or samples
     first, last = warm[0], warm[-1]

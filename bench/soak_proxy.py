@@ -188,6 +188,28 @@ def explain(records: list, kills: list[dict], origin_s: float, failure_times: di
     return {"per_kill": per_kill, "unexplained": unexplained}
 
 
+def run_soak(args: argparse.Namespace, soak_args: argparse.Namespace, run_id: str) -> tuple:
+    """Replay ``args``' workload through the proxy of a ``Soak(soak_args)`` while its chaos thread runs (kills,
+    restarts, RSS samples); the soak is closed after, its last sample taken. Returns the soak, the replay's
+    result, the requests sent and the load-worker count."""
+    reqs = workload(args.rate, args.minutes, args.seed)
+    workers = (auto_load_workers(args.rate, os.cpu_count() or 1) if args.load_workers == "auto"
+               else int(args.load_workers))
+    soak = Soak(soak_args)
+    chaos = threading.Thread(target=soak.chaos, daemon=True)
+    try:
+        chaos.start()
+        with tempfile.TemporaryDirectory() as tmp:
+            res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id=run_id,
+                             seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
+                             request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
+        soak.sample()
+    finally:
+        soak.close()
+        chaos.join(5)
+    return soak, res, reqs, workers
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0)
@@ -201,21 +223,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="summary JSON (default: a temporary directory)")
     args = ap.parse_args()
-    reqs = workload(args.rate, args.minutes, args.seed)
-    workers = (auto_load_workers(args.rate, os.cpu_count() or 1) if args.load_workers == "auto"
-               else int(args.load_workers))
-    soak = Soak(args)
-    chaos = threading.Thread(target=soak.chaos, daemon=True)
-    try:
-        chaos.start()
-        with tempfile.TemporaryDirectory() as tmp:
-            res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id="soak",
-                             seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
-                             request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
-        soak.sample()
-    finally:
-        soak.close()
-        chaos.join(5)
+    soak, res, reqs, workers = run_soak(args, args, "soak")
     ids = [r.request_id for r in res.records]
     failed = [r for r in res.records if r.error is not None]
     why = explain(res.records, soak.kills, res.clock_origin_s, res.failure_times)
