@@ -42,7 +42,9 @@ FLAGS: dict[str, str] = {
     "prompt_overflow": "--prompt-overflow",
     # lbbench plan
     "gpu": "--gpu", "tp": "--tp", "attainment": "--attainment", "max_instances": "--max-instances",
-    "price_file": "--price-file",
+    "price_file": "--price-file", "max_evaluations": "--max-evaluations", "min_capacity": "--min-capacity",
+    # lbbench run --find-rate
+    "find_rate_start": "--find-rate-start", "find_rate_tol": "--find-rate-tol",
     # other commands
     "router": "--router", "data": "--data", "pair": "--pair", "max_regression": "--max-regression",
     "metric": "--metric", "test_fraction": "--test-fraction", "port_base": "--port-base", "port": "--port",

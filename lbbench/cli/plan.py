@@ -179,10 +179,6 @@ def _plan_mix(cfg: Any, kw: dict[str, Any], out_dir: Path | None) -> None:
 
     if kw["fmt"] == "html":
         raise InputError("--mix writes a table or JSON; give --format table or json", "format")
-    if kw["max_evaluations"] < 0:
-        raise InputError(f"{kw['max_evaluations']}: must be >= 0", "max_evaluations")
-    if not kw["min_capacity"] >= 0:
-        raise InputError(f"{kw['min_capacity']:g}: must be >= 0", "min_capacity")
 
     def note(message: str) -> None:
         err_console.print(message, highlight=False, soft_wrap=True)
@@ -204,7 +200,7 @@ def _plan_mix(cfg: Any, kw: dict[str, Any], out_dir: Path | None) -> None:
         return
     traffic = f"trace {cfg.run.trace}" if cfg.run.trace else cfg.run.workload
     title = (f"{cfg.model}: cheapest fleet for {traffic} at {cfg.run.rate_per_s:g} req/s with "
-             f"{100 * cfg.attainment:g} % of requests within {Slo(**slo_limits(kw['slo'])).describe()}")
+             f"{100 * cfg.attainment:g} % of requests within {cfg.slo.describe()}")
     console = Console() if sys.stdout.isatty() else Console(width=220)
     print_mix(plan, title, console)
     console.print(f"[dim]search: {plan.wall_s:.1f} s, {sum(len(s.points) for s in plan.searches)} fleets "

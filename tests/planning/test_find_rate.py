@@ -54,6 +54,7 @@ BASE = ["run", "--find-rate", "--workload", "poisson", "--requests", "20", "--in
     ([], "--find-rate needs --slo"),
     (["--slo", "ttft=2", "--rate", "5"], "drop --rate"),
     (["--slo", "ttft=2", "--attainment", "1.5"], "must be in (0, 1]"),
+    (["--slo", "ttft=2", "--find-rate-tol", "0"], "--find-rate-tol: 0 must be > 0"),
 ])
 def test_bad_find_rate_input_is_one_line_and_exit_2(tmp_path, extra, says):
     res = CliRunner().invoke(main, [*BASE, *extra, "--out", str(tmp_path / "r")])

@@ -79,7 +79,8 @@ def test_mix_on_the_simulator_meets_and_one_fewer_of_each_gpu_misses(tmp_path):
 
 @pytest.mark.parametrize("extra, says", [
     (["--gpu", "a100-80gb", "--format", "html"], "--format table or json"),
-    (["--gpu", "a100-80gb", "--max-evaluations", "-1"], "must be >= 0"),
+    (["--gpu", "a100-80gb", "--max-evaluations", "-1"], "--max-evaluations: -1: must be >= 0"),
+    (["--gpu", "a100-80gb", "--min-capacity", "-0.5"], "--min-capacity: -0.5: must be >= 0"),
     (["--gpu", "a100-80gb,nosuchgpu"], "nosuchgpu"),
 ])
 def test_bad_mix_input_is_one_line_and_exit_2(extra, says):
