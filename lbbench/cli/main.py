@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-from pathlib import Path
 from typing import Any
 
 import click

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import polars as pl
 
 from ..experiment import RunConfig, simulate
-from ..profiles import Profile, load_profile
+from ..profiles import load_profile
 from .capacity import PlanConfig, PlanError, point_metrics, tasks_for
 from .prices import load_prices, price_of
 from .search import TargetNotMetError, min_instances, sequential_attainment
