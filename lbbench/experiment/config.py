@@ -205,8 +205,8 @@ class RunConfig:
         if cfg.workload == "paper-classes" and not cfg.trace and cfg.orders == [None]:
             from ..workloads import PAPER_CLASS_ORDERS
             cfg.orders = list(PAPER_CLASS_ORDERS)
-        if cfg.fleet is not None:
-            fleet = cfg.fleet_of()
+        fleet = cfg.fleet_of() if cfg.fleet is not None else None
+        if fleet is not None:
             cfg.profile = profile_ref(fleet.entries[0].profile)
             cfg.instances = fleet.num_instances
         if cfg.endpoints:
@@ -220,8 +220,8 @@ class RunConfig:
         for name in cfg.routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
             if name in LEARNED_ROUTERS and "checkpoint" not in cfg.router_options.get(name, {}):
                 cfg.router_options.setdefault(name, {}).setdefault("workload", label)
-                if cfg.fleet and not cfg.fleet_of().is_uniform:  # the checkpoint trained on this fleet, if any
-                    cfg.router_options[name].setdefault("fleet", cfg.fleet_of().spec())
+                if fleet is not None and not fleet.is_uniform:  # the checkpoint trained on this fleet, if any
+                    cfg.router_options[name].setdefault("fleet", fleet.spec())
         return cfg
 
     # ---------------------------------------------------------------------------------------- checks
