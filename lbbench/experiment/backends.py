@@ -86,7 +86,8 @@ class SimFleet:
 
 
 def saturation_policy(cfg: RunConfig, requests: list[Request]) -> SaturationPolicy:
-    """The unit's saturation policy: the config's threshold, or a tenth of its requests' mean arrival rate."""
+    """The unit's saturation policy: the config's threshold, or ``default_threshold`` of its requests (a quarter of
+    their mean arrival rate)."""
     threshold = cfg.saturation_threshold_per_s or default_threshold([r.arrival_s for r in requests])
     return SaturationPolicy(threshold, cfg.saturation_window_s, cfg.saturation_stop, cfg.on_saturation)
 
