@@ -33,8 +33,8 @@ never the simulator): its decode and prefill throughput
 (``batch_decode_tokens_per_s``, ``prefill_tokens_per_s``) relative to the
 fleet's fastest, its KV capacity relative to the largest, and its expected
 drain time, the prompt tokens it still has to prefill at its own prefill rate
-plus the predicted decode tokens left at its own decode rate (as
-``lbbench.routers.capacity.drain_time_s``), ``log1p``-scaled by
+plus the predicted decode tokens left at its own decode rate
+(``lbbench.routers.capacity.drain_time_s``), ``log1p``-scaled by
 ``drain_horizon_s``. With them the per-instance counts and KV figures are
 fractions of the instance's *own* ``max_num_seqs`` and KV capacity (an L4's
 cache fills long before an A100's), not of the spec's.
@@ -54,6 +54,7 @@ from typing import Sequence
 import numpy as np
 
 from lbbench.core import DEFAULT_STATE_BUCKETS, ClusterView, Request, bucket_of
+from lbbench.routers.capacity import drain_time_s
 
 #: per-instance features: prompt buckets + decode buckets + these
 _PER_INSTANCE_EXTRA = ("capacity", "earliest_completion", "work", "healthy")
@@ -235,9 +236,7 @@ class Featurizer:
                 out.append(sp.batch_decode_tokens_per_s * inv_dec)
                 out.append(sp.prefill_tokens_per_s * inv_pre)
                 out.append(sp.kv_capacity_tokens * inv_kvmax)
-                drain_s = (iv.prompt_tokens_pending / sp.prefill_tokens_per_s
-                           + max(0, iv.predicted_tokens_remaining) / sp.batch_decode_tokens_per_s)
-                out.append(min(2.0, math.log1p(drain_s) * self._drain_scale))
+                out.append(min(2.0, math.log1p(drain_time_s(iv)) * self._drain_scale))
         if len(out) != spec.obs_dim:
             raise ValueError(f"features: got {len(out)} values, expected {spec.obs_dim} (bucket "
                              "edges of the cluster state and the policy differ?)")
