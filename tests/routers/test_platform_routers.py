@@ -7,12 +7,12 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from lbbench.core import (ClusterView, Dispatched, Finished, FirstToken, InstanceSpec, InstanceView, Request)
+from lbbench.core import ClusterView, Finished, FirstToken, InstanceSpec, InstanceView, Request
 from lbbench.errors import InputError
 from lbbench.routers import available_routers, get_router
 from lbbench.routers.heuristics import LeastRequests
 from lbbench.routers.kv_overlap import softmax_pick
-from factories import run_sessions, tiny_profile
+from factories import run_sessions
 
 NEW = ["kv_overlap", "token_affinity", "predicted_latency"]
 SPEC = InstanceSpec(kv_capacity_tokens=100_000, prefill_tokens_per_s=1000.0)
