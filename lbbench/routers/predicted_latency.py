@@ -296,17 +296,18 @@ class PredictedLatency(_Base):
         if not healthy:
             return None
         self.decisions += 1
-        feats = {iv.index: self.features(r, iv) for iv in healthy}
-        if not self.fitted:
+        if not self.fitted:  # least_requests; only the chosen instance's features are kept, for training
             self.cold_decisions += 1
-            inst = self._argmin(view, lambda iv: iv.num_outstanding)  # least_requests
+            inst = self._argmin(view, lambda iv: iv.num_outstanding)
             assert inst is not None
+            x = self.features(r, view.instances[inst])
             pred: tuple[float, float] | tuple[None, None] = (None, None)
         else:
+            feats = {iv.index: self.features(r, iv) for iv in healthy}
             preds = {i: self.predict(x) for i, x in feats.items()}
             inst = self._choose(r, healthy, preds)
-            pred = preds[inst]
-        self._open[r.request_id] = [feats[inst], now_s, pred[0], pred[1], None, self.completions]
+            x, pred = feats[inst], preds[inst]
+        self._open[r.request_id] = [x, now_s, pred[0], pred[1], None, self.completions]
         self.trees.insert(inst, r)
         return Decision(0, inst)
 
