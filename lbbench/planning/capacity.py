@@ -150,11 +150,15 @@ def point_metrics(df: pl.DataFrame, slo: Slo) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in out.items()}
 
 
+def simulated_metrics(cfg: RunConfig, profile: Profile, run_id: str, slo: Slo) -> dict[str, Any]:
+    """Simulate every unit of ``cfg`` (one router; through ``simulate``) -> point metrics."""
+    frames = [out.records for out in simulate(cfg, profile, run_id)]
+    return point_metrics(pl.concat(frames, how="vertical_relaxed"), slo)
+
+
 def evaluate_count(task: SearchTask, instances: int) -> dict[str, Any]:
-    """Simulate ``instances`` instances on every seed of the task (through ``simulate``) -> point metrics."""
-    cfg = replace(task.run, instances=instances)
-    frames = [out.records for out in simulate(cfg, task.profile, task.run_id)]
-    return point_metrics(pl.concat(frames, how="vertical_relaxed"), task.slo)
+    """Simulate ``instances`` instances on every seed of the task -> point metrics."""
+    return simulated_metrics(replace(task.run, instances=instances), task.profile, task.run_id, task.slo)
 
 
 def run_search(task: SearchTask) -> SearchOutcome:

@@ -18,8 +18,9 @@ GPU count). For every router x instance scheduler:
 3. **n / n - 1.** For the answer, one instance fewer of each type it holds must miss; a cheaper vector that
    meets (a non-monotone point) replaces the answer and is checked in turn.
 
-Every vector is simulated through the one runner (``experiment.simulate`` with ``RunConfig.fleet`` naming the
-derived profiles' TOML files) on the same seeds (paired), seed by seed with ``search.sequential_attainment``.
+Every vector is simulated and scored as ``lbbench plan`` scores a count (``capacity.simulated_metrics``: the one
+runner, ``experiment.simulate``, with ``RunConfig.fleet`` naming the derived profiles' TOML files) on the same
+seeds (paired), seed by seed with ``search.sequential_attainment``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-import polars as pl
-
-from ..experiment import RunConfig, simulate
+from ..experiment import RunConfig
 from ..profiles import load_profile
-from .capacity import PlanConfig, PlanError, point_metrics, tasks_for
+from .capacity import PlanConfig, PlanError, simulated_metrics, tasks_for
 from .prices import load_prices, price_of
 from .search import TargetNotMetError, min_instances, sequential_attainment
 
@@ -138,9 +137,7 @@ def fleet_attainment(run: RunConfig, types: list[GpuType], v: Vector, target: fl
 
     def one_seed(k: int) -> float:
         cfg = replace(run, fleet=spec, seeds=1, seed=run.seed + k).resolved()
-        frames = [o.records for o in simulate(cfg, first, run_id)]
-        got = point_metrics(pl.concat(frames, how="vertical_relaxed"), _slo(run))
-        return got["attainment"] or 0.0
+        return simulated_metrics(cfg, first, run_id, _slo(run))["attainment"] or 0.0
 
     return sequential_attainment(one_seed, run.seeds, target).decided()
 
