@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from ..core import ClusterView, Decision, Request
 from ..profiles import Profile
 from .heuristics import _Base
-from .prefix_tree import PrefixTrees
+from .prefix_tree import PrefixTrees, lru_bound
 from .registry import register
 
 
@@ -86,8 +86,7 @@ class PrefixLoad(_Base):
                  lru_tokens: int | None = None, **kw: Any):
         super().__init__(num_instances, seed, profile, **kw)
         self.w = (float(prefix_weight), float(queue_weight), float(kv_weight))
-        cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
-        self.trees = PrefixTrees(num_instances, int(cap))
+        self.trees = PrefixTrees(num_instances, lru_bound(lru_tokens, profile))
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         healthy = [iv for iv in view.instances if iv.healthy]

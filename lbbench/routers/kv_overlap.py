@@ -37,7 +37,7 @@ from ..core import ClusterView, Decision, Event, Failed, Finished, FirstToken, P
 from ..errors import InputError
 from ..profiles import Profile
 from .heuristics import _Seeded
-from .prefix_tree import PrefixTrees
+from .prefix_tree import PrefixTrees, lru_bound
 from .registry import register
 
 DYNAMO_SOURCE = "ai-dynamo/dynamo lib/llm/src/kv_router/scheduler.rs @ db19bd2a659d4cb04998fb4101cd0dbfbbeba9d4"
@@ -113,8 +113,7 @@ class KvOverlap(_Seeded):
         self.overlap_weight = float(overlap_weight)
         self.temperature = float(temperature)
         self.block_tokens = int(block_tokens)
-        cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
-        self.trees = PrefixTrees(num_instances, int(cap))
+        self.trees = PrefixTrees(num_instances, lru_bound(lru_tokens, profile))
         self.prefill = PendingPrefill(num_instances)
 
     def on_event(self, ev: Event) -> None:

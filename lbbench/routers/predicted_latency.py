@@ -60,7 +60,7 @@ from ..core import ClusterView, Decision, Event, Failed, Finished, FirstToken, I
 from ..errors import InputError
 from ..profiles import Profile
 from .heuristics import _Base
-from .prefix_tree import PrefixTrees
+from .prefix_tree import PrefixTrees, lru_bound
 from .registry import register
 
 LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/requestcontrol/dataproducer/predictedlatency + "
@@ -177,8 +177,7 @@ class PredictedLatency(_Base):
         self.refit_every = int(refit_every)
         self.ttft_model = OnlineLinear(int(window), float(ridge_alpha), model, bool(log_space))
         self.tpot_model = OnlineLinear(int(window), float(ridge_alpha), model, bool(log_space))
-        cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
-        self.trees = PrefixTrees(num_instances, int(cap))
+        self.trees = PrefixTrees(num_instances, lru_bound(lru_tokens, profile))
         self._rng = np.random.default_rng(seed)
         # request id -> (features at dispatch, dispatch time, predicted TTFT, predicted TPOT, first token time)
         self._open: dict[int, list[Any]] = {}

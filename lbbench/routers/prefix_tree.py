@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from ..profiles import Profile
 
 
 def prompt_chains(request: Request) -> tuple[list[int], int]:
@@ -32,6 +33,12 @@ def prompt_chains(request: Request) -> tuple[list[int], int]:
         c = hash((c, int(h)))
         chains.append(c)
     return chains, g
+
+
+def lru_bound(lru_tokens: int | None, profile: Profile | None) -> int:
+    """The tokens a router's prefix view keeps per instance: ``lru_tokens`` when set, else the profile's KV
+    capacity (2^20 without a profile)."""
+    return int(lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20))
 
 
 class PrefixTrees:

@@ -36,7 +36,7 @@ from ..errors import InputError
 from ..profiles import Profile
 from .heuristics import _Seeded
 from .kv_overlap import PendingPrefill
-from .prefix_tree import PrefixTrees
+from .prefix_tree import PrefixTrees, lru_bound
 from .registry import register
 
 LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/scheduling/filter/prefixcacheaffinity + "
@@ -69,8 +69,7 @@ class TokenAffinity(_Seeded):
         self.peak_prefill_tokens_per_s = None if peak_prefill_tokens_per_s is None else float(peak_prefill_tokens_per_s)
         self.queue_threshold_tokens = int(queue_threshold_tokens)
         self.exploration_probability = float(exploration_probability)
-        cap = lru_tokens or (profile.kv_capacity_tokens if profile is not None else 1 << 20)
-        self.trees = PrefixTrees(num_instances, int(cap))
+        self.trees = PrefixTrees(num_instances, lru_bound(lru_tokens, profile))
         self.inflight = PendingPrefill(num_instances)
         self.home: dict[int, int] = {}  # session -> instance of its last turn
 
