@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..core import ClusterView, Decision, Event, Request
+from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, ClusterView, Decision, Event, Request
 from ..errors import InputError
 from ..profiles import Profile
 from .heuristics import _Seeded
@@ -79,7 +79,7 @@ class TokenAffinity(_Seeded):
     def prefix_score(self, instance: int, request: Request) -> float:
         """Share of the prompt's complete blocks expected cached on ``instance`` (session home: 1)."""
         if request.prefix_hashes:
-            g = request.prefix_block_tokens or 512
+            g = request.prefix_block_tokens or DEFAULT_PREFIX_BLOCK_TOKENS
             full = request.prompt_tokens // g
             return 0.0 if full == 0 else min(1.0, self.trees.match_tokens(instance, request) // g / full)
         if request.session_id is not None:
