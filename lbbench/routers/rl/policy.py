@@ -339,15 +339,14 @@ class RLRouter:
         trained_sched = (meta.get("trained_on") or {}).get("instance_scheduler")
         self.scheduler_mismatch = (None if instance_scheduler is None or trained_sched is None
                                    or instance_scheduler == trained_sched else (trained_sched, instance_scheduler))
-        self.heuristic_only = bool(gate and self.mixing is not None
-                                   and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
         # a checkpoint trained with a deployable router as teacher (a capacity-aware heuristic, on a mixed fleet)
         # falls back to that router, not to the speed-blind mixing heuristic
         self.fallback = None
         if meta.get("fallback"):
             from lbbench.routers.registry import get_router
             self.fallback = get_router(str(meta["fallback"]), num_instances=num_instances, seed=seed)
-            self.heuristic_only = bool(gate and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
+        self.heuristic_only = bool(gate and (self.mixing is not None or self.fallback is not None)
+                                   and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))
         self.num_fallbacks = 0
         self.num_decisions = 0
         self.num_instances = num_instances
