@@ -181,7 +181,6 @@ class _Replay:
                          if saturation is not None else None)
         self.stopped_sending = False  # saturated: nothing more is sent
         self._next_i = 0  # the next request of the schedule to arrive
-        self.task_info: dict[asyncio.Task, tuple[Request, int, float, float]] = {}
         self.engine = engine
         self.label = label or router.name
         self.stream_workers = stream_workers
@@ -221,7 +220,8 @@ class _Replay:
         self.failure_times: dict[int, float] = {}
         self.metric_rows: list[tuple] = []
         self.arrived_at: dict[int, float] = {}
-        self.in_flight: set[asyncio.Task] = set()
+        #: requests this process streams: task -> (request, instance, dispatch_s, planned_s)
+        self.in_flight: dict[asyncio.Task, tuple[Request, int, float, float]] = {}
         self.num_arrived = 0
         self.interrupted: str | None = None
         self.error: BaseException | None = None
@@ -423,13 +423,11 @@ class _Replay:
             self.workers.submit(req, inst, prio, (self.prompt_texts or {}).get(req.request_id))
             return
         task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
-        self.in_flight.add(task)
-        self.task_info[task] = (req, inst, now, req.arrival_s + held)
+        self.in_flight[task] = (req, inst, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
 
     def _send_done(self, task: asyncio.Task) -> None:
-        self.in_flight.discard(task)
-        self.task_info.pop(task, None)
+        self.in_flight.pop(task, None)
         self._task_done(task)
 
     # -- one request -------------------------------------------------------------------------
@@ -517,7 +515,7 @@ class _Replay:
             self._record(req, -1, None, None, None, NOT_SENT)
         if self.saturation.on_saturation != "cancel":
             return
-        for task, (req, inst, dispatch_s, planned_s) in list(self.task_info.items()):
+        for task, (req, inst, dispatch_s, planned_s) in list(self.in_flight.items()):
             if task.done():
                 continue
             task.cancel()
