@@ -33,7 +33,7 @@ import signal
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..core import Request
@@ -391,9 +391,7 @@ class LoadWorkers:
                     if msg[0] == "ping":
                         send_msg(sock, ("pong", time.monotonic()))
                     elif msg[0] == "clock":
-                        w = self.info[i]
-                        self.info[i] = WorkerInfo(w.worker, w.host, w.pid, ClockOffset(msg[1], msg[2]))
-                        self.clock_history[i].append((time.monotonic(), self.info[i].clock))
+                        self._set_clock(i, ClockOffset(msg[1], msg[2]))
                         break
             for i, sock in enumerate(self.socks):
                 if recv_msg(sock) != [("ready",)]:
@@ -411,6 +409,11 @@ class LoadWorkers:
         self.pool = (RayActors(LoadWorkerActor, (), n) if ray else
                      ProcessActors(LoadWorkerActor, (), n, name="lbbench-load"))
         self.calls = [self.pool.start(i, "run", i, address, settings) for i in range(n)]
+
+    def _set_clock(self, i: int, clock: ClockOffset) -> None:
+        """Worker ``i`` measured its clock offset (before the run, or again during it)."""
+        self.info[i] = replace(self.info[i], clock=clock)
+        self.clock_history[i].append((time.monotonic(), clock))
 
     def _check_started(self) -> None:
         """Raise when a worker ended before it connected."""
@@ -480,9 +483,7 @@ class LoadWorkers:
                     self.outs[i].write([("pong", item[2], time.monotonic())])
                     continue
                 elif kind == "clock":
-                    w = self.info[i]
-                    self.info[i] = WorkerInfo(w.worker, w.host, w.pid, ClockOffset(item[2], item[3]))
-                    self.clock_history[i].append((time.monotonic(), self.info[i].clock))
+                    self._set_clock(i, ClockOffset(item[2], item[3]))
                     continue
                 self.on_item(item)
 
