@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InputError
 
@@ -291,11 +291,7 @@ class LocalCluster:
         dir. Idempotent; it never touches another Ray on this machine."""
         for node in reversed(self.nodes):
             self.stop_node(node)
-        for pid in _pids_mentioning(str(self.temp_dir)):  # a process that left its node's group
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill(_pids_mentioning(str(self.temp_dir)), signal.SIGKILL)  # a process that left its node's group
         if self.owns_temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
@@ -306,37 +302,42 @@ class LocalCluster:
         self.stop()
 
 
-def session_pids(sid: int) -> list[int]:
-    """Processes of session ``sid``: a node's ``ray start`` and all it started (Ray puts its workers in process
-    groups of their own, not in sessions of their own)."""
+def _pids(match: Callable[[int], bool]) -> list[int]:
+    """Processes (Linux ``/proc``; elsewhere none) for which ``match(pid)`` holds; one that ends or cannot be
+    read (``OSError``) while it is asked is left out."""
     out = []
     for d in Path("/proc").glob("[0-9]*"):
         try:
-            if os.getsid(int(d.name)) == sid:
+            if match(int(d.name)):
                 out.append(int(d.name))
         except OSError:
             continue
     return out
 
 
-def _kill_session(proc: subprocess.Popen, sig: int) -> None:
-    for pid in session_pids(proc.pid):  # each node is started in a session of its own
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
         try:
             os.kill(pid, sig)
         except OSError:
             pass
 
 
+def session_pids(sid: int) -> list[int]:
+    """Processes of session ``sid``: a node's ``ray start`` and all it started (Ray puts its workers in process
+    groups of their own, not in sessions of their own)."""
+    return _pids(lambda pid: os.getsid(pid) == sid)
+
+
+def _kill_session(proc: subprocess.Popen, sig: int) -> None:
+    _kill(session_pids(proc.pid), sig)  # each node is started in a session of its own
+
+
 def _pids_mentioning(text: str) -> list[int]:
     """Processes of this user whose command line contains ``text`` (Linux ``/proc``; elsewhere none)."""
-    out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                out.append(int(d.name))
-        except OSError:
-            continue
-    return [p for p in out if p != os.getpid()]
+    def mentions(pid: int) -> bool:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    return [p for p in _pids(mentions) if p != os.getpid()]
 
 
 def _ray_bin() -> str:
