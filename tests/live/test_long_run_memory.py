@@ -13,7 +13,7 @@ from lbbench.core import (
 )
 
 
-def _stream(state: ClusterState, rid: int, inst: int, t: float, tokens: int = 100, overlap: int = 0) -> None:
+def _stream(state: ClusterState, rid: int, inst: int, t: float, tokens: int = 100) -> None:
     """One live request's events: dispatched, first token, a count per step, finished."""
     req = Request(rid, t, 128, 200)
     state.apply(Dispatched(req, inst, t))
