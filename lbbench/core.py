@@ -340,16 +340,32 @@ class _Instance:
         self.view: InstanceView | None = None  # the last view built without detail; None once an event lands
 
 
-#: stale keys an instance's finish heap may hold beyond twice its ticking requests before it is rebuilt
+#: an instance's finish heap is rebuilt once it holds more than twice its ticking requests plus this many keys
+#: (stale keys outnumber live ones by more than this); any value bounds the heap, this one keeps small heaps from
+#: being rebuilt every few pushes
 _HEAP_SLACK = 64
 
 
 def _compact(inst: _Instance) -> None:
-    """Rebuild ``inst.heap`` from its ticking entries' current keys. Stale keys (a request's earlier counts, or a
-    finished request) leave the heap only when they reach its top; live token counts push one per update, so a
-    long run would otherwise keep every one of them. The minimum, all the heap is read for, is unchanged."""
-    inst.heap = [(e.expected - e.fixed + e.base, rid) for rid, e in inst.entries.items() if e.ticking]
-    heapq.heapify(inst.heap)
+    """Rebuild ``inst.heap`` with its live keys only. Stale keys (a request's earlier counts, or a finished
+    request) leave the heap only when they reach its top; live token counts push one per update, so a long run
+    would otherwise keep every one of them. The live keys are the ticking entries' current keys, and every one
+    of them is in the heap (each change of a ticking key is pushed): they are read from whichever is shorter,
+    the entries or the heap, so a rebuild costs at most the heap's length, however many requests wait at the
+    instance. It runs when ``len(heap) > 2 * n_ticking + _HEAP_SLACK``, so more than half the heap is stale and
+    dropped: at most two reads per key ever pushed. The minimum, all the heap is read for, is unchanged."""
+    entries = inst.entries
+    if len(entries) <= len(inst.heap):
+        heap = [(e.expected - e.fixed + e.base, rid) for rid, e in entries.items() if e.ticking]
+    else:
+        live: dict[int, int] = {}  # one key per request (the same key can be pushed again after a preemption)
+        for key, rid in inst.heap:
+            e = entries.get(rid)
+            if e is not None and e.ticking and key == e.expected - e.fixed + e.base:
+                live[rid] = key
+        heap = [(key, rid) for rid, key in live.items()]
+    heapq.heapify(heap)
+    inst.heap = heap
 
 
 class ClusterState:
@@ -492,6 +508,8 @@ class ClusterState:
         e.ticking = False
         inst.n_ticking -= 1
         inst.sum_base -= e.base
+        if len(inst.heap) > 2 * inst.n_ticking + _HEAP_SLACK:  # fewer ticking: the bound is lower
+            _compact(inst)
 
     def _remove(self, instance: int, request_id: int) -> None:
         inst = self._inst[instance]
@@ -511,8 +529,6 @@ class ClusterState:
         inst.sum_prompt -= e.request.prompt_tokens
         inst.pcounts[e.pb] -= 1
         inst.dcounts[e.db] -= 1
-        if len(inst.heap) > 2 * inst.n_ticking + _HEAP_SLACK:
-            _compact(inst)
 
     # -- queries ----------------------------------------------------------------------
     def generated_tokens(self, request_id: int) -> int:

@@ -380,9 +380,9 @@ class GateIdleGuard:
         return len(queue), queue[0].request_id, self.state.composition()
 
     def skip(self, now_s: float) -> bool:
-        last = self.last
-        return (last is not None and now_s - self.router.last_eval_s < self.refresh_s
-                and now_s - self.queue[0].arrival_s < self.max_wait_s and last == self._sig())
+        last, queue = self.last, self.queue
+        return (last is not None and len(queue) > 0 and now_s - self.router.last_eval_s < self.refresh_s
+                and now_s - queue[0].arrival_s < self.max_wait_s and last == self._sig())
 
     def decided(self, now_s: float) -> None:
         self.last = self._sig() if self.queue else None  # before the sends

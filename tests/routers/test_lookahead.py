@@ -168,6 +168,22 @@ def test_the_gate_rollout_skips_only_deferrals_the_gate_would_make(rows, refresh
     assert runs[1][1] <= runs[0][1]
 
 
+def test_the_gate_guard_lets_an_emptied_queue_through():
+    """A queue emptied outside the dispatcher's epochs (``drop``) after a deferral: the guard does not read a
+    head that is gone, and the epoch decides nothing."""
+    from lbbench.routers.lookahead import GateIdleGuard
+    profile = tiny_profile(num_kv_blocks=24)  # 96 tokens: the second request waits for the first
+    sim = ClusterSim(profile, 1, [req(0, 0.0, 40, 40), req(1, 0.0, 40, 40)])
+    gate = get_router("late_binding_srpt", num_instances=1, profile=profile, order="fcfs", kv_slack=0.0,
+                      refresh_s=1.0, calibrate=False)
+    sim.set_router(gate)
+    sim.dispatcher.guard = guard = GateIdleGuard(sim, gate)
+    sim.run_until(0.0)
+    assert len(sim.queue) == 1 and guard.last is not None  # deferred, the deferral remembered
+    sim.dispatcher.drop(0)
+    assert sim.dispatcher.decide(sim.now_s) == []
+
+
 def test_a_margin_keeps_the_base_policys_action():
     """With a margin no candidate can beat, the planner takes exactly what a fresh base policy takes."""
     profile = tiny_profile(num_kv_blocks=24)
