@@ -12,10 +12,10 @@ forked (``ClusterSim.clone``) once per candidate: the chosen action and the K be
 (instance order after the chosen one when the router has no scores; every instance when K >= their number;
 after a deferral, the chosen action is the deferral). On each fork the chosen request (the head after a
 deferral) goes to the candidate instance, then a fresh router of the same kind and options routes from that
-epoch on, and the fork is costed as the planner costs its rollouts (``lookahead.rollout_cost``: E2E from the
+epoch on, and the fork is costed as the planner costs its rollouts (``lookahead.fork_cost``: E2E from the
 decision, ``horizon_s`` ahead, the fluid estimate past it, the planner's per-instance costs). The decision's
 regret is the chosen action's cost minus the cheapest candidate's (>= 0: the chosen one is a candidate), in
-seconds of summed E2E. This is the planner's own evaluation (``lookahead.evaluate``) with the unit's router as
+seconds of summed E2E. This is the planner's own evaluation (``lookahead.fork_cost``) with the unit's router as
 the base policy (tested equal on an exact horizon).
 
 ``frame()`` gives the ``decisions.parquet`` rows of the unit (``DECISION_SCHEMA``); ``rundir`` writes them.
@@ -30,8 +30,7 @@ import numpy as np
 import polars as pl
 
 from ..core import ClusterView, Decision, Request
-from ..routers.late_binding import LateBindingRouter
-from ..routers.lookahead import GateIdleGuard, LookaheadParams, instance_costs, rollout_cost
+from ..routers.lookahead import LookaheadParams, fork_cost, instance_costs
 
 #: the planner's default horizon: counterfactuals are costed as its rollouts are
 DEFAULT_HORIZON_S = LookaheadParams().horizon_s
@@ -185,18 +184,6 @@ class DecisionRecorder:
 def counterfactual_cost(sim: Any, action: Decision | None, make_router: Callable[[], Any],
                         pending: Sequence[tuple[Request, int]], horizon_s: float, costs: Any = None) -> float:
     """Cost of taking ``action`` (None: deferring) at ``sim``'s current epoch after the ``pending`` dispatches,
-    then routing with a fresh ``make_router()``: ``lookahead.evaluate``'s rollout with that router as the base."""
-    fork = sim.clone()
-    now, first = fork.now_s, len(fork.records)
-    disp = fork.dispatcher
-    out = list(pending)
-    if action is not None:
-        out.append((disp.dispatch(action.queue_index, action.instance, now), action.instance))
-    router = make_router()
-    fork.set_router(router)
-    if action is not None:
-        out += disp.decide(now)
-    fork.send(out)
-    if isinstance(router, LateBindingRouter):
-        disp.guard = GateIdleGuard(fork, router)
-    return rollout_cost(fork, now, horizon_s, first, costs)
+    then routing with a fresh ``make_router()``: the planner's rollout (``lookahead.fork_cost``) with that
+    router as the base."""
+    return fork_cost(sim, action, make_router(), pending, horizon_s, costs)[0]

@@ -396,24 +396,33 @@ def evaluate(sim: ClusterSim, action: Decision | None, *, pending: Sequence[tupl
     return _evaluate(sim, action, pending, params, seed, as_base, params.horizon_s, instance_costs(sim))[0]
 
 
-def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[Request, int]],
-              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: InstanceCosts
+def fork_cost(sim: ClusterSim, action: Decision | None, router: Any, pending: Sequence[tuple[Request, int]],
+              horizon_s: float, tau: "float | InstanceCosts | None" = None, as_base: bool = False
               ) -> tuple[float, int]:
+    """(cost, requests in scope) of taking ``action`` (None: deferring) at ``sim``'s current epoch after the
+    ``pending`` dispatches, then routing with ``router`` to the horizon, on a fork (``sim`` is not advanced).
+    ``as_base``: the router decides this epoch too, and ``action`` is ignored. Costed as ``rollout_cost``."""
     fork = sim.clone()
     now = fork.now_s
     first = len(fork.records)
-    base = make_base(params.base, fork.num_instances, seed, fork.profile)
     disp = fork.dispatcher
     out = list(pending)
     if action is not None and not as_base:
         out.append((disp.dispatch(action.queue_index, action.instance, now), action.instance))
-    fork.set_router(base)
+    fork.set_router(router)
     if as_base or action is not None:
         out += disp.decide(now)
     fork.send(out)
-    if isinstance(base, LateBindingRouter):
-        disp.guard = GateIdleGuard(fork, base)
-    return _rollout(fork, now, horizon_s, first, tau)
+    if isinstance(router, LateBindingRouter):
+        disp.guard = GateIdleGuard(fork, router)
+    return _rollout(fork, now, horizon_s, first, _as_costs(fork, tau))
+
+
+def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[Request, int]],
+              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: InstanceCosts
+              ) -> tuple[float, int]:
+    base = make_base(params.base, sim.num_instances, seed, sim.profile)
+    return fork_cost(sim, action, base, pending, horizon_s, tau, as_base)
 
 
 def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
