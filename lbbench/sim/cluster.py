@@ -394,11 +394,7 @@ class ClusterSim:
             label: str | None = None) -> list[RequestRecord]:
         """Replay every request through ``router``; returns one record per request, whose ``router`` column is
         ``label`` (default: the router's own name)."""
-        self.router_name = label or router.name
-        self.dispatcher = Dispatcher(router, self.state)
-        bind = getattr(router, "bind_simulator", None)
-        if bind is not None:  # an oracle planner forks the simulator at its decisions
-            bind(self)
+        self.set_router(router, label or router.name)  # an oracle planner is bound: it forks at its decisions
         self._auto = True
         self._progress = progress
         step, reqs, heap = self._step_event, self.requests, self._heap
