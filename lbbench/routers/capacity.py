@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..core import ClusterView, Decision, InstanceSpec, InstanceView, Request
-from .heuristics import _Base
+from .heuristics import _Base, ready_after_s
 from .registry import register
 
 
@@ -33,12 +33,8 @@ def drain_time_s(iv: InstanceView, prompt_tokens: int = 0, output_tokens: int = 
 
 def ready_time_s(iv: InstanceView) -> float:
     """When an instance is expected to be free, as ``heuristics.ready_time_s`` estimates it, with the
-    instance's own prefill rate and minimum step: pending prompts at ``prefill_tokens_per_s``, then the
-    decode tokens left at ``min_step_s`` per token, spread over the running batch."""
-    spec = iv.spec
-    parallel = max(1, min(iv.num_outstanding, spec.max_num_seqs))
-    return (iv.prompt_tokens_pending / spec.prefill_tokens_per_s
-            + max(0, iv.predicted_tokens_remaining) * spec.min_step_s / parallel)
+    instance's own prefill rate and minimum step (``InstanceSpec``)."""
+    return ready_after_s(iv, 1.0 / iv.spec.prefill_tokens_per_s, iv.spec.min_step_s)
 
 
 def job_time_s(request: Request, spec: InstanceSpec) -> float:

@@ -137,11 +137,16 @@ class MaxCapacity(_Base):
 
 def ready_time_s(iv: InstanceView, profile: Profile | None) -> float:
     """When an instance is expected to be free: its outstanding prefill plus the
-    decode tokens left, spread over its batch (a client-side estimate)."""
-    a = profile.prefill_token_s if profile else 2e-4
-    step = profile.min_step_s if profile else 0.02
+    decode tokens left, spread over its batch (a client-side estimate), at the
+    profile's prefill cost per token and minimum step."""
+    return ready_after_s(iv, profile.prefill_token_s if profile else 2e-4, profile.min_step_s if profile else 0.02)
+
+
+def ready_after_s(iv: InstanceView, prefill_s_per_token: float, step_s: float) -> float:
+    """``ready_time_s`` with the costs given: pending prompt tokens at ``prefill_s_per_token``, then the
+    decode tokens left at ``step_s`` per token, spread over the running batch."""
     parallel = max(1, min(iv.num_outstanding, iv.spec.max_num_seqs))
-    return iv.prompt_tokens_pending * a + max(0, iv.predicted_tokens_remaining) * step / parallel
+    return iv.prompt_tokens_pending * prefill_s_per_token + max(0, iv.predicted_tokens_remaining) * step_s / parallel
 
 
 @register("min_min", "Min-Min: shortest queued job (prompt + predicted decode) to the earliest-available instance")
