@@ -21,7 +21,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -79,9 +78,9 @@ def one_run(urls: list[str], rate: float, duration_s: float, workers: int, outpu
     reqs = [Request(i, i / rate, 32, output_tokens) for i in range(n)]
     sampler = WorkerCpu()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    with tempfile.TemporaryDirectory() as tmp:
-        res = run_replay(reqs, get_router("round_robin", num_instances=len(urls)), urls, run_id="bench", seed=0,
-                         scrape_interval_s=None, load_workers=workers, out_dir=tmp, warm_connections=64)
+    # no out_dir: the records go to a temporary folder of the result's own, read back below
+    res = run_replay(reqs, get_router("round_robin", num_instances=len(urls)), urls, run_id="bench", seed=0,
+                     scrape_interval_s=None, load_workers=workers, warm_connections=64)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     driver_cpu_s = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
     worker_cpu_s = sampler.used_since_s(res.clock_origin_s)

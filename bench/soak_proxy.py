@@ -199,10 +199,10 @@ def run_soak(args: argparse.Namespace, soak_args: argparse.Namespace, run_id: st
     chaos = threading.Thread(target=soak.chaos, daemon=True)
     try:
         chaos.start()
-        with tempfile.TemporaryDirectory() as tmp:
-            res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id=run_id,
-                             seed=args.seed, scrape_interval_s=None, out_dir=tmp, load_workers=workers,
-                             request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
+        # no out_dir: the records are streamed to a temporary folder of the result's own (``res.records``)
+        res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id=run_id,
+                         seed=args.seed, scrape_interval_s=None, load_workers=workers,
+                         request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
         soak.sample()
     finally:
         soak.close()

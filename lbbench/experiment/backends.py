@@ -227,15 +227,18 @@ class LiveFleet:
                 f"(+/- {w['clock_error_ms']:.3f}), dispatch lag p50 {_ms(w['lag_p50_ms'])} p99 {_ms(w['lag_p99_ms'])}"
                 for w in res.load_workers))
         if res.interrupted and res.interrupted.startswith("load worker"):
-            reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {len(res.records)} finished requests "
+            reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {res.num_records} finished requests "
                           "are kept", warning=True)
+        records = res.frame()  # streamed to the unit's partial folder: read lazily, never held here
+        if self.run_dir is None:  # a temporary folder, gone with ``res``: read now
+            records = records.collect().lazy()
         if self._prompt_texts:
-            bad = prompt_length_mismatches(res.records)
+            bad = prompt_length_mismatches(records)
             if bad:
-                reporter.note(f"{bad} of {len(res.records)} requests of {unit.label} reached the server with "
+                reporter.note(f"{bad} of {res.num_records} requests of {unit.label} reached the server with "
                               "another prompt length than asked (text prompts; give a tokenizer for exact "
                               "lengths)", warning=True)
-        return UnitResult(res.records, res.metrics, res.complete, res.record_columns,
+        return UnitResult(records, res.metrics, res.complete,
                           saturated_at_s=res.saturated_at_s, saturation_stopped=cfg.saturation_stop)
 
     def _ray_connected(self) -> bool:

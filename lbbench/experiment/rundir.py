@@ -11,14 +11,18 @@ A run directory holds
 - ``summary.parquet``: the summary with the gain against the strongest baseline;
 - ``decisions.parquet`` (``--decisions``): one row per routing decision of every unit
   (``lbbench.experiment.decisions.DECISION_SCHEMA``, with the unit's columns);
-- ``partial/<unit>/requests.partial.jsonl`` (live runs): each record appended as its request ends, so an
-  interrupted run keeps everything it measured.
+- ``partial/<unit>/`` (live runs, ``lbbench.harness.record_log``): ``requests.partial.jsonl``, each record
+  appended as its request ends, so an interrupted run keeps everything it measured, and the same records in
+  Parquet chunks (``records-NNNNN.parquet``), which ``requests.parquet`` is written from: the client never
+  holds a live run's records in memory.
 
 ``run.toml``'s ``[[units]]`` list each unit written, in the tables' row order: its label, whether it completed
 and its rows in each table — what ``lbbench.experiment.resume`` reads to skip the complete ones.
 
 ``RunDir`` writes one (``start`` → ``add`` per unit → ``finish``); ``read_run_toml`` and the file names serve
-``lbbench.reports.load``, which scans many.
+``lbbench.reports.load``, which scans many. A unit's requests may come as a frame in memory (simulated) or a lazy
+scan of its streamed records (live): ``finish`` streams them all, in unit order, into ``requests.parquet`` and
+computes the summary from that file, reading only the columns it needs.
 """
 
 from __future__ import annotations
@@ -165,15 +169,34 @@ def write_tables(out_dir: Path, requests: pl.DataFrame, timeline: pl.DataFrame |
     summary.write_parquet(out_dir / SUMMARY_FILE)
 
 
-def summarize_frames(frames: list[pl.DataFrame], by: Sequence[str], slo: Any = None
-                     ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(all request rows, the summary with the reference columns against the strongest baseline)."""
+def frame_height(frame: pl.DataFrame | pl.LazyFrame) -> int:
+    """Rows of a frame; a lazy one is counted by a scan."""
+    if isinstance(frame, pl.DataFrame):
+        return frame.height
+    return int(frame.select(pl.len()).collect().item())
+
+
+def write_requests(path: Path, frames: Sequence[pl.DataFrame | pl.LazyFrame]) -> None:
+    """``frames`` one after the other (columns matched by name, types widened where they differ) into the Parquet
+    file ``path``, streamed: lazy frames are read as they are written. The file is replaced whole (written
+    beside it, then renamed), so a reader — or a frame read from the old file — never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    if frames:
+        pl.concat([f.lazy() for f in frames], how="diagonal_relaxed").sink_parquet(tmp)
+    else:
+        pl.DataFrame().write_parquet(tmp)
+    tmp.replace(path)
+
+
+def summarize_requests(requests: pl.LazyFrame, by: Sequence[str], slo: Any = None) -> pl.DataFrame:
+    """The summary of a run's request rows, with the reference columns against the strongest baseline (empty
+    when there are no rows)."""
     from ..reports.reference import with_reference
     from ..reports.summary import summarize
 
-    df = pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
-    summary = with_reference(summarize(df, by=by, slo=slo), df, by, slo) if df.height else pl.DataFrame()
-    return df, summary
+    if not frame_height(requests):
+        return pl.DataFrame()
+    return with_reference(summarize(requests, by=by, slo=slo), requests, by, slo)
 
 
 class RunDir:
@@ -185,7 +208,8 @@ class RunDir:
         self.profile = profile
         self.run_id = run_id
         self.fleet = fleet
-        self.frames: list[pl.DataFrame] = []
+        #: each unit's request rows, in memory (simulated) or a lazy scan of its streamed records (live)
+        self.frames: list[pl.DataFrame | pl.LazyFrame] = []
         self.timelines: list[pl.DataFrame] = []
         self.decisions: list[pl.DataFrame] = []
         #: one entry per unit added with its label: label, complete, its rows per table (``run.toml [[units]]``)
@@ -206,12 +230,12 @@ class RunDir:
         """Where a live unit appends its records as they complete."""
         return self.path / PARTIAL_DIR / label
 
-    def add(self, requests: pl.DataFrame | None, timeline: pl.DataFrame | None,
+    def add(self, requests: pl.DataFrame | pl.LazyFrame | None, timeline: pl.DataFrame | None,
             decisions: pl.DataFrame | None = None, unit: str | None = None, complete: bool = True) -> None:
         """One unit's frames, in unit order; ``unit`` (its label) lists it in ``run.toml``'s ``[[units]]``."""
         if unit is not None:
             self.units.append({"label": unit, "complete": complete,
-                               "requests": 0 if requests is None else requests.height,
+                               "requests": 0 if requests is None else frame_height(requests),
                                "timeline": 0 if timeline is None else timeline.height,
                                "decisions": 0 if decisions is None else decisions.height})
         if requests is not None:
@@ -226,9 +250,11 @@ class RunDir:
         from ..reports.summary import Slo
 
         slo = Slo(**self.cfg.slo) if self.cfg.slo else None
-        df, summary = summarize_frames(self.frames, self.cfg.group_keys(), slo)
-        timeline = pl.concat(self.timelines, how="diagonal_relaxed") if self.timelines else None
-        write_tables(self.path, df, timeline, summary)
+        write_requests(self.path / REQUESTS_FILE, self.frames)
+        summary = summarize_requests(pl.scan_parquet(self.path / REQUESTS_FILE), self.cfg.group_keys(), slo)
+        if self.timelines:
+            pl.concat(self.timelines, how="diagonal_relaxed").write_parquet(self.path / TIMELINE_FILE)
+        summary.write_parquet(self.path / SUMMARY_FILE)
         if self.decisions:
             pl.concat(self.decisions, how="diagonal_relaxed").write_parquet(self.path / DECISIONS_FILE)
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,

@@ -9,7 +9,9 @@ lists every unit in run order (rate, variant, seed, router).
 requests (cached per process, so that consecutive units of one seed build them once, and every router of a seed
 sees the very same requests), makes the unit's router, notes a learned router that routes with its guidance
 heuristic, runs the unit on the ``Instances`` a backend gives it (``lbbench.experiment.backends``) and builds the
-unit's frames.
+unit's frames. A simulated unit's records are in memory and its frame is too; a live unit's were streamed to disk
+as its requests ended (``lbbench.harness.record_log``) and its frame stays lazy, a scan of them: the run
+directory writes ``requests.parquet`` from it without holding the records.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol, Sequence
 
 import polars as pl
 
-from ..core import Request, RequestRecord
+from ..core import RECORD_FIELDS, Request, RequestRecord
 from ..fleet import Fleet
 from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
@@ -121,12 +123,12 @@ def timeline_columns(unit: Unit, cols: dict[str, Any]) -> dict[str, Any]:
 class UnitResult:
     """What a fleet measured of one unit."""
 
-    records: list[RequestRecord]
+    #: in memory (simulated), or streamed to disk and scanned lazily (live: the ``requests.parquet`` columns,
+    #: then any of their own, e.g. load workers' ``load_worker`` and ``clock_offset_s``)
+    records: list[RequestRecord] | pl.LazyFrame
     #: per-instance samples: (time_s, instance, running, waiting, kv_usage, preemptions[, prefix hit rate])
     timeline: Sequence[tuple] | pl.DataFrame = ()
     complete: bool = True
-    #: more per-record columns, in ``records`` order (live load workers: ``load_worker``, ``clock_offset_s``)
-    columns: dict[str, list] = field(default_factory=dict)
     #: when the unit's backlog saturated (``lbbench.live.saturation``; run clock), else None
     saturated_at_s: float | None = None
     #: live: sending stopped when it saturated
@@ -137,7 +139,8 @@ class UnitResult:
 class UnitOutput:
     """One unit's frames, as the run directory takes them."""
 
-    records: pl.DataFrame
+    #: lazy when the unit's records were streamed to disk (live)
+    records: pl.DataFrame | pl.LazyFrame
     timeline: pl.DataFrame | None
     complete: bool = True
     notes: list[str] = field(default_factory=list)
@@ -206,22 +209,31 @@ def seed_requests(work: Work) -> list[Request]:
     return _requests_cache[key]
 
 
-def with_instance_profiles(frame: pl.DataFrame, profiles: Sequence[Profile]) -> pl.DataFrame:
-    """``frame`` with ``instance_profile``: the profile name of the instance each request went to (null for a
-    request never dispatched)."""
+def instance_profile(profiles: Sequence[Profile]) -> pl.Expr:
+    """``instance_profile``: the profile name of the instance each request went to (null for a request never
+    dispatched)."""
     names = [p.name for p in profiles]
-    col = [names[i] if i is not None and 0 <= i < len(names) else None for i in frame["instance"].to_list()]
-    return frame.with_columns(pl.Series("instance_profile", col, dtype=pl.Utf8))
+    return pl.col("instance").replace_strict(list(range(len(names))), names, default=None,
+                                             return_dtype=pl.Utf8).alias("instance_profile")
 
 
-def mark_saturation(frame: pl.DataFrame, label: str, res: UnitResult) -> tuple[pl.DataFrame, str | None]:
+def unit_frame(records: pl.LazyFrame, cols: dict[str, Any], profiles: Sequence[Profile]) -> pl.LazyFrame:
+    """A unit's ``requests.parquet`` rows: the record columns, the run-level columns ``cols``, ``instance_profile``,
+    then the records' own further columns (live load workers: ``load_worker``, ``clock_offset_s``)."""
+    own = [c for c in records.collect_schema().names() if c not in RECORD_FIELDS]
+    return records.with_columns([pl.lit(v).alias(k) for k, v in cols.items()]).select(
+        *RECORD_FIELDS, *cols, instance_profile(profiles), *own)
+
+
+def mark_saturation(frame: pl.LazyFrame, label: str, res: UnitResult) -> tuple[pl.LazyFrame, str | None]:
     """``frame`` with the unit's ``saturated`` (bool) and ``saturated_at_s`` columns, and the note that says so."""
     at = res.saturated_at_s
     frame = frame.with_columns(pl.lit(at is not None).alias("saturated"),
                                pl.lit(at, dtype=pl.Float64).alias("saturated_at_s"))
     if at is None:
         return frame, None
-    unsent = frame.filter(pl.col("error").is_not_null() & pl.col("error").str.ends_with(": saturated")).height
+    saturated = pl.col("error").is_not_null() & pl.col("error").str.ends_with(": saturated")
+    unsent = frame.filter(saturated).select(pl.len()).collect().item()
     what = (f"sending stopped, {unsent} requests not sent or cancelled" if res.saturation_stopped
             else "marked, not stopped")
     return frame, f"{label}: saturated at {at:.1f} s (the backlog kept growing); {what}"
@@ -243,12 +255,11 @@ def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     reporter.unit_started(work.label, len(reqs))
     res = fleet.run(work, reqs, router, reporter)
     notes += [str(n) for n in getattr(router, "run_notes", lambda: [])()]  # e.g. an online model still cold
-    frame = with_instance_profiles(records_frame(res.records, cols), work.instance_profiles())
-    if res.columns:
-        frame = frame.with_columns([pl.Series(k, v) for k, v in res.columns.items()])
-    frame, note = mark_saturation(frame, work.label, res)
+    streamed = isinstance(res.records, pl.LazyFrame)
+    records = res.records if streamed else records_frame(res.records, {}).lazy()
+    frame, note = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work.label, res)
     notes += [note] if note else []
     decisions = None if recorder is None else recorder.frame(
         {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
-    return UnitOutput(frame, timeline_frame(res.timeline, timeline_columns(unit, cols)), res.complete, notes,
-                      decisions=decisions)
+    timeline = timeline_frame(res.timeline, timeline_columns(unit, cols))
+    return UnitOutput(frame if streamed else frame.collect(), timeline, res.complete, notes, decisions=decisions)

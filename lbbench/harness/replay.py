@@ -26,9 +26,12 @@ whose requests fail with connection errors is marked down until its
 ``/health`` answers again) and ``MetricsSample`` (``/metrics`` scraped every
 ``scrape_interval_s``).
 
-Every record is appended to ``out_dir/requests.partial.jsonl`` as soon as its
-request ends. Ctrl-C or SIGTERM stops the run: finished requests are kept and
-the result says ``complete=False``.
+Every record goes to a ``RecordLog`` (``lbbench.harness.record_log``) as soon
+as its request ends: appended to ``out_dir/requests.partial.jsonl`` and written
+in Parquet chunks, so the client holds no record in memory however long the
+run (``result.frame()`` scans them; ``result.records`` reads them back). Ctrl-C
+or SIGTERM stops the run: finished requests are kept and the result says
+``complete=False``.
 
 With ``load_workers=N`` (``lbbench.live.load_workers``) this process keeps the
 schedule, the router, the state and the records, and N worker processes (or Ray
@@ -52,6 +55,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -67,8 +71,7 @@ from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.memtrace import MemTrace
 from ..live.metrics import parse_metrics
 from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
-
-PARTIAL_RECORDS = "requests.partial.jsonl"
+from .record_log import RecordLog
 #: the error of a request never sent because its step saturated, and of one aborted in flight (``cancel``)
 NOT_SENT = "not sent: saturated"
 CANCELLED = "cancelled: saturated"
@@ -139,9 +142,9 @@ def check_endpoints(endpoints: Sequence[str], timeout_s: float = 5.0) -> list[st
 
 @dataclass
 class ReplayResult:
-    """What a live replay produced."""
+    """What a live replay produced: its records are in ``log`` (on disk), read lazily by ``frame()``."""
 
-    records: list[RequestRecord]
+    log: RecordLog
     metrics: pl.DataFrame
     complete: bool
     #: request id -> arrival time of each streamed token (run clock, seconds)
@@ -155,14 +158,34 @@ class ReplayResult:
     clock_origin_s: float = 0.0
     #: load workers: one row per worker (id, host, pid, clock offset and its error bound, requests, lag p50/p99)
     load_workers: list[dict] = field(default_factory=list)
-    #: load workers: per-record columns in ``records`` order (``load_worker``, ``clock_offset_s``)
-    record_columns: dict[str, list] = field(default_factory=dict)
+    #: load workers: each worker's clock offset (s, the last measured), by worker id: ``frame()``'s
+    #: ``clock_offset_s``
+    clock_offsets: list[float] | None = None
     #: request id -> when this process learnt that the request failed (run clock; failed records have no finish)
     failure_times: dict[int, float] = field(default_factory=dict)
     #: run-clock time the backlog was found saturated (``saturation``), else None
     saturated_at_s: float | None = None
     #: the backlog's growth (requests/s) over the window that saturated
     saturation_slope_per_s: float | None = None
+
+    @property
+    def num_records(self) -> int:
+        return self.log.num_records
+
+    def frame(self) -> pl.LazyFrame:
+        """Every record, in the order the requests ended: the ``requests.parquet`` columns (``RecordLog``), and
+        with load workers ``load_worker`` and ``clock_offset_s`` (its worker's last measured offset)."""
+        lf = self.log.frame()
+        if self.clock_offsets is None:
+            return lf
+        ids = list(range(len(self.clock_offsets)))
+        return lf.with_columns(pl.col("load_worker").replace_strict(ids, self.clock_offsets, default=None,
+                                                                    return_dtype=pl.Float64).alias("clock_offset_s"))
+
+    @cached_property
+    def records(self) -> list[RequestRecord]:
+        """Every record as a ``RequestRecord``, in the order the requests ended (read back from the log)."""
+        return self.log.records()
 
 
 class _Replay:
@@ -215,7 +238,7 @@ class _Replay:
         self.prompt_texts = prompt_texts
         self.drive = Drive(router, specs, min_step_s=min_step_s, on_dispatch=self._dispatched, on_error=self._crash)
         self.state = self.drive.state
-        self.records: list[RequestRecord] = []
+        self.log: RecordLog | None = None  # the records (``run``)
         self.token_times: dict[int, list[float]] = {}
         self.failure_times: dict[int, float] = {}
         self.metric_rows: list[tuple] = []
@@ -236,11 +259,7 @@ class _Replay:
     # -- main ----------------------------------------------------------------------------
     async def run(self) -> ReplayResult:
         self.loop = asyncio.get_running_loop()
-        partial = None
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            partial = open(self.out_dir / PARTIAL_RECORDS, "w", encoding="utf-8")
-        self.partial = partial
+        self.log = RecordLog(self.out_dir, load_workers=bool(self.num_load_workers))
         wall0 = time.perf_counter()
         self.mem = MemTrace("client")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
         self.mem.start()
@@ -282,13 +301,12 @@ class _Replay:
                 self.workers.close()
             if self.lw is not None:
                 self.lw.close()
-            if partial is not None:
-                partial.close()
+            self.log.close()
         if self.error is not None:
             raise self.error
-        complete = self.interrupted is None and len(self.records) == len(self.requests)
+        complete = self.interrupted is None and self.log.num_records == len(self.requests)
         metrics = pl.DataFrame(self.metric_rows, schema=METRICS_SCHEMA, orient="row")
-        res = ReplayResult(records=self.records, metrics=metrics, complete=complete,
+        res = ReplayResult(log=self.log, metrics=metrics, complete=complete,
                            token_times=self.token_times, interrupted=self.interrupted,
                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                            model=self.model, clock_origin_s=self.drive.t0, failure_times=self.failure_times)
@@ -296,11 +314,9 @@ class _Replay:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
             from ..live.load_workers import worker_summary
-            res.load_workers = worker_summary(self.lw.info, self.records, self.worker_rec, self.lw.clock_history)
-            offsets = [w.clock.offset_s for w in self.lw.info]
-            wid = [self.worker_rec.get(r.request_id) for r in self.records]
-            res.record_columns = {"load_worker": wid,
-                                  "clock_offset_s": [offsets[w] if w is not None else None for w in wid]}
+            res.clock_offsets = [w.clock.offset_s for w in self.lw.info]
+            sends = res.frame().select("load_worker", "actual_send_s", "planned_send_s").collect()
+            res.load_workers = worker_summary(self.lw.info, sends, self.lw.clock_history)
         return res
 
     def _start_workers(self):
@@ -459,7 +475,6 @@ class _Replay:
             server_prompt_tokens=res.server_prompt_tokens if res else None,
             server_output_tokens=res.server_output_tokens if res else None,
             http_status=res.http_status if res else None, error=res.error if res else error)
-        self.records.append(rec)
         nxt = self._next_turn.pop(req.request_id, None)
         if nxt is not None and self.stopped_sending:
             self._record(nxt, -1, None, None, None, NOT_SENT)  # the session's later turns will not be sent
@@ -470,14 +485,12 @@ class _Replay:
             self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt, due)
         if res is not None and self.keep_token_times:
             self.token_times[req.request_id] = res.token_times_s
-        if self.partial is not None:
-            row = rec.as_dict()
-            if self.lw is not None and req.request_id in self.worker_rec:
-                w = self.worker_rec[req.request_id]
-                row["load_worker"], row["clock_offset_s"] = w, self.lw.info[w].clock.offset_s
-            self.partial.write(json.dumps(row) + "\n")
-            self.partial.flush()
-        done, total = len(self.records), len(self.requests)
+        w = self.worker_rec.pop(req.request_id, None)
+        if w is not None:  # the JSON line also has the worker's offset now
+            self.log.add(rec, w, clock_offset_s=self.lw.info[w].clock.offset_s)
+        else:
+            self.log.add(rec)
+        done, total = self.log.num_records, len(self.requests)
         if self.progress is not None:
             now = self.now()
             if done == total or now - self._last_progress_s >= 0.1:
@@ -497,7 +510,7 @@ class _Replay:
             if self.num_arrived >= total:
                 return  # everything has arrived: nothing left to stop
             now = self.now()
-            if self.detector.add(now, self.num_arrived - len(self.records)):
+            if self.detector.add(now, self.num_arrived - self.log.num_records):
                 if self.saturation.stop:
                     self._stop_sending(now)
                 return

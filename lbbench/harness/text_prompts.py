@@ -17,7 +17,7 @@ import random
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core import Request
 
@@ -140,7 +140,11 @@ def accepts_token_ids(url: str, model: str, timeout_s: float = 30.0) -> bool:
         raise TextPromptError(f"{url}: probing token-id prompts failed: {exc}") from None
 
 
-def prompt_length_mismatches(records) -> int:
-    """Completed requests whose server-counted prompt length differs from the intended one."""
-    return sum(1 for r in records if r.error is None and r.server_prompt_tokens is not None
-               and r.server_prompt_tokens != r.prompt_tokens)
+def prompt_length_mismatches(records: Any) -> int:
+    """Completed requests whose server-counted prompt length differs from the intended one (``records``: a polars
+    frame of them, lazy or not: a live replay's ``frame()``)."""
+    import polars as pl
+
+    served = pl.col("server_prompt_tokens")
+    bad = pl.col("error").is_null() & served.is_not_null() & (served != pl.col("prompt_tokens"))
+    return int(records.lazy().filter(bad).select(pl.len()).collect().item())

@@ -514,30 +514,23 @@ class LoadWorkers:
             sock.close()
 
 
-def worker_summary(info: list[WorkerInfo], records: list, worker_of: dict[int, int],
+def worker_summary(info: list[WorkerInfo], sends: Any,
                    clock_history: list[list[tuple[float, ClockOffset]]] | None = None) -> list[dict]:
     """One row per worker: clock offset (ms, the last measured) and its error bound (half the minimum round
     trip), with ``clock_history``: re-measurements during the run and the drift (last offset minus the one
     measured before the run, ms); requests sent, dispatch lag ``actual_send_s - planned_send_s`` p50 / p99 / max
-    (ms, the driver's clock)."""
+    (ms, the driver's clock). ``sends``: a polars frame of the records' ``load_worker``, ``actual_send_s`` and
+    ``planned_send_s`` (a request no worker took has no ``load_worker``)."""
     import numpy as np
 
-    lags: dict[int, list[float]] = {w.worker: [] for w in info}
-    sent = {w.worker: 0 for w in info}
-    for r in records:
-        w = worker_of.get(r.request_id)
-        if w is None:
-            continue
-        sent[w] += 1
-        if r.actual_send_s is not None and r.planned_send_s is not None:
-            lags[w].append(r.actual_send_s - r.planned_send_s)
     rows = []
     for w in info:
-        lag = np.asarray(lags[w.worker]) * 1e3
+        mine = sends.filter(sends["load_worker"] == w.worker)
+        lag = (mine["actual_send_s"] - mine["planned_send_s"]).drop_nulls().to_numpy() * 1e3
         rows.append({"worker": w.worker, "host": w.host, "pid": w.pid,
                      "clock_offset_ms": w.clock.offset_s * 1e3, "clock_error_ms": w.clock.max_error_s * 1e3,
                      **_drift(clock_history[w.worker] if clock_history else []),
-                     "requests": sent[w.worker],
+                     "requests": mine.height,
                      "lag_p50_ms": float(np.percentile(lag, 50)) if lag.size else None,
                      "lag_p99_ms": float(np.percentile(lag, 99)) if lag.size else None,
                      "lag_max_ms": float(lag.max()) if lag.size else None})

@@ -46,5 +46,5 @@ def test_proxy_in_front_of_real_vllm(tmp_path):
     assert res.complete and all(r.error is None for r in res.records), [r.error for r in res.records if r.error]
     assert all(r.generated_tokens == r.output_tokens for r in res.records)
     assert text_res.complete and inexact == 0
-    assert prompt_length_mismatches(text_res.records) == 0
+    assert prompt_length_mismatches(text_res.frame()) == 0
     assert all(r.server_prompt_tokens == r.prompt_tokens for r in text_res.records)
