@@ -189,21 +189,8 @@ class RayExecutor(Executor):
 
     def _name_nodes(self) -> None:
         """Names of the cluster's nodes (alive or dead), by node id."""
-        import ray
-
-        from .ray_cluster import NODE_RESOURCE
-        try:
-            nodes = ray.nodes()
-        except Exception:  # the names are a courtesy: ids stand in for them
-            return
-        by_address: dict[str, int] = {}
-        for n in nodes:
-            by_address[n["NodeManagerAddress"]] = by_address.get(n["NodeManagerAddress"], 0) + 1
-        for n in nodes:
-            tagged = [r[len(NODE_RESOURCE):] for r in n.get("Resources", {}) if r.startswith(NODE_RESOURCE)]
-            addr = n["NodeManagerAddress"]
-            self._node_names[n["NodeID"]] = (tagged[0] if tagged else addr if by_address[addr] == 1
-                                            else f"{addr}/{n['NodeID'][:8]}")
+        from .ray_cluster import node_names
+        self._node_names.update(node_names())
 
     def close(self) -> None:
         from .ray_cluster import shutdown

@@ -199,6 +199,35 @@ def node_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def current_node_id() -> str | None:
+    """The id of the Ray node this process runs on when it is a Ray worker (a task or an actor), else None
+    (Ray is not even imported then)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
+def node_names() -> dict[str, str]:
+    """The name of each node of the connected cluster (alive or dead), by node id: its ``lbbench-node:NAME``
+    resource (``LocalCluster`` nodes), else its address, with the start of its id when several nodes share one;
+    {} when the cluster cannot say (the names are a courtesy: ids stand in for them)."""
+    import ray
+    try:
+        nodes = ray.nodes()
+    except Exception:
+        return {}
+    by_address: dict[str, int] = {}
+    for n in nodes:
+        by_address[n["NodeManagerAddress"]] = by_address.get(n["NodeManagerAddress"], 0) + 1
+    names = {}
+    for n in nodes:
+        tagged = [r[len(NODE_RESOURCE):] for r in n.get("Resources", {}) if r.startswith(NODE_RESOURCE)]
+        addr = n["NodeManagerAddress"]
+        names[n["NodeID"]] = tagged[0] if tagged else addr if by_address[addr] == 1 else f"{addr}/{n['NodeID'][:8]}"
+    return names
+
+
 # ------------------------------------------------------------------------------------------------ local clusters
 
 #: the address every node of a ``LocalCluster`` uses. Ray (2.x, Linux) replaces ``127.0.0.1`` and ``localhost``

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from ..core import Request
 from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
 from ..distributed.executors import UnitError
-from ..distributed.ray_cluster import node_address
+from ..distributed.ray_cluster import current_node_id, node_address, node_names
 from .clock import ClockOffset, ClockSync, measure_offset
 from .http import HttpBackend
 from .memtrace import MemTrace
@@ -62,12 +62,14 @@ class LoadWorkerSettings(WorkerSettings):
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """Who a worker is and how its clock relates to the driver's."""
+    """Who a worker is and how its clock relates to the driver's (``node``: a Ray actor's node, named as a Ray
+    sweep's ``unit_nodes`` name them)."""
 
     worker: int
     host: str
     pid: int
     clock: ClockOffset
+    node: str | None = None
 
 
 # -- framing ---------------------------------------------------------------------------------------------------
@@ -311,7 +313,7 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        send_msg(sock, ("hello", worker, socket.gethostname(), os.getpid()))
+        send_msg(sock, ("hello", worker, socket.gethostname(), os.getpid(), current_node_id()))
 
         def ask_driver() -> float:
             send_msg(sock, ("ping",))
@@ -382,9 +384,12 @@ class LoadWorkers:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 hello = recv_msg(sock)
                 by_id[hello[1]] = sock
-                self.info.append(WorkerInfo(hello[1], hello[2], hello[3], ClockOffset(0.0, math.inf)))
+                self.info.append(WorkerInfo(hello[1], hello[2], hello[3], ClockOffset(0.0, math.inf), hello[4]))
             self.socks = [by_id[i] for i in range(n)]
             self.info.sort(key=lambda w: w.worker)
+            if ray:  # node ids -> the names run.toml gives a Ray sweep's nodes
+                names = node_names()
+                self.info = [replace(w, node=names.get(w.node, w.node)) for w in self.info]
             for i, sock in enumerate(self.socks):  # serve one worker's pings at a time: its round trips stay short
                 while True:
                     msg = recv_msg(sock)
@@ -516,18 +521,20 @@ class LoadWorkers:
 
 def worker_summary(info: list[WorkerInfo], sends: Any,
                    clock_history: list[list[tuple[float, ClockOffset]]] | None = None) -> list[dict]:
-    """One row per worker: clock offset (ms, the last measured) and its error bound (half the minimum round
-    trip), with ``clock_history``: re-measurements during the run and the drift (last offset minus the one
-    measured before the run, ms); requests sent, dispatch lag ``actual_send_s - planned_send_s`` p50 / p99 / max
-    (ms, the driver's clock). ``sends``: a polars frame of the records' ``load_worker``, ``actual_send_s`` and
-    ``planned_send_s`` (a request no worker took has no ``load_worker``)."""
+    """One row per worker (a Ray actor's with its ``node``): clock offset (ms, the last measured) and its error
+    bound (half the minimum round trip), with ``clock_history``: re-measurements during the run and the drift
+    (last offset minus the one measured before the run, ms); requests sent, dispatch lag
+    ``actual_send_s - planned_send_s`` p50 / p99 / max (ms, the driver's clock). ``sends``: a polars frame of the
+    records' ``load_worker``, ``actual_send_s`` and ``planned_send_s`` (a request no worker took has no
+    ``load_worker``)."""
     import numpy as np
 
     rows = []
     for w in info:
         mine = sends.filter(sends["load_worker"] == w.worker)
         lag = (mine["actual_send_s"] - mine["planned_send_s"]).drop_nulls().to_numpy() * 1e3
-        rows.append({"worker": w.worker, "host": w.host, "pid": w.pid,
+        node = {"node": w.node} if w.node else {}
+        rows.append({"worker": w.worker, "host": w.host, "pid": w.pid, **node,
                      "clock_offset_ms": w.clock.offset_s * 1e3, "clock_error_ms": w.clock.max_error_s * 1e3,
                      **_drift(clock_history[w.worker] if clock_history else []),
                      "requests": mine.height,

@@ -1,4 +1,5 @@
-"""Load workers as Ray actors: the same replay, the workers living in Ray's processes, clock offsets measured."""
+"""Load workers as Ray actors: the same replay, the workers living in Ray's processes, clock offsets measured,
+each worker's node named."""
 
 from __future__ import annotations
 
@@ -29,3 +30,5 @@ def test_load_workers_as_ray_actors(ray_session):
     assert not pids & {p.pid for p in multiprocessing.active_children()}  # Ray's processes, not ours
     for w in res.load_workers:
         assert w["requests"] > 0 and abs(w["clock_offset_ms"]) <= w["clock_error_ms"] + 1e-6
+    # each worker names its Ray node as a Ray sweep's run.toml names a unit's (here the one node, by its address)
+    assert [w["node"] for w in res.load_workers] == [ray_session.nodes()[0]["NodeManagerAddress"]] * 2
