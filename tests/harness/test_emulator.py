@@ -88,3 +88,36 @@ def test_kill_endpoint_only_when_allowed(a100_fleet):
         with pytest.raises(OSError):
             urllib.request.urlopen(fleet.endpoints[1] + "/health", timeout=2)
         assert urllib.request.urlopen(fleet.endpoints[0] + "/health", timeout=2).status == 200
+
+
+def test_a_client_that_disconnects_aborts_its_request():
+    """As vLLM does: requests whose client went away leave the engine (running and waiting counts drop to 0)."""
+    import socket
+
+    from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
+    from lbbench.profiles import load_profile
+
+    def load(url: str) -> int:
+        m = parse_metrics(urllib.request.urlopen(url + "/metrics", timeout=5).read().decode())
+        return m.num_running + m.num_waiting
+
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-l4"), 1)) as fleet:  # ~1 s per 6,000-token prefill
+        url = fleet.endpoints[0]
+        host, port = url.removeprefix("http://").split(":")
+        body = json.dumps({"prompt": [1] * 6000, "max_tokens": 4, "stream": True}).encode()
+        socks = []
+        for _ in range(6):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            socks.append(s)
+        deadline = time.monotonic() + 5
+        while load(url) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert load(url) == 6
+        for s in socks:
+            s.close()
+        deadline = time.monotonic() + 5
+        while load(url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert load(url) == 0

@@ -169,7 +169,10 @@ class EmulatedInstance:
         ])
         if self.allow_kill:
             app.add_routes([web.post("/lbbench/kill", self._kill)])
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+        # handler_cancellation: a client that disconnects cancels its handler, whose ``_forget`` aborts the request,
+        # as vLLM aborts a request whose client went away (aiohttp >= 3.9 keeps the handler running by default)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5,
+                                    handler_cancellation=True)
         await self.runner.setup()
         self.site = web.TCPSite(self.runner, host, port, reuse_address=True)
         await self.site.start()
