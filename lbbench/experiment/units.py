@@ -164,14 +164,16 @@ def gate_note(name: str, router: Any) -> str:
     (the network did not beat it on the validation gate's workloads), so that no one reads the
     heuristic's numbers as the network's."""
     v = router.policy.meta.get("validation") or {}
+    fallback = router.policy.meta.get("fallback")  # a deployable teacher routes instead of the mixing penalty
     mismatch = getattr(router, "scheduler_mismatch", None)
     if mismatch and router.policy.meta.get("gate") != "heuristic":
         seen = (f": its network was trained against {mismatch[0]} engines and the run's are {mismatch[1]} "
                 "(train one with --instance-scheduler)")
     else:
-        seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, the "
-                f"heuristic {v['heuristic_e2e_s']:.1f} s" if v else "")
-    return (f"{name}: checkpoint {router.checkpoint} routes with its guidance heuristic (least mixing penalty)"
+        seen = (f": on its validation workloads the network gave {v['network_e2e_s']:.1f} s mean E2E, "
+                f"{fallback or 'the heuristic'} {v['heuristic_e2e_s']:.1f} s" if v else "")
+    how = f"its fallback router {fallback}" if fallback else "its guidance heuristic (least mixing penalty)"
+    return (f"{name}: checkpoint {router.checkpoint} routes with {how}"
             f"{seen}; --router-opt {name}.gate=false routes with the network")
 
 

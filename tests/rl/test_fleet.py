@@ -157,11 +157,43 @@ def test_gated_fleet_checkpoint_reports_its_fallback_routers_scores(tmp_path):
 
     if not (F1_DIR / "policy.npz").is_file():
         pytest.skip("the F1 checkpoint is not shipped")
+    from lbbench.experiment.units import gate_note
+
     router = WorkloadGuidedRL(4, checkpoint=F1_DIR, instance_scheduler="priority")  # the scheduler guard: gated
     assert router.heuristic_only and router.fallback is not None
+    assert "routes with its fallback router least_work_speed" in gate_note("wgrl", router)
     st = ClusterState(parse_fleet(F1).instance_specs())
     st.apply(Dispatched(Request(1, 0.0, 400, 100, predicted_output_tokens=90), 2, 0.0))
     queue = [Request(5, 0.0, 200, 800, predicted_output_tokens=700)]
     view = st.view()
     assert router.queue_scores(queue, view, 0.0) == get_router("least_work_speed", num_instances=4).scores(
         queue[0], view)
+
+
+def test_fleet_lookup_prefers_the_runs_engine_scheduler(tmp_path, monkeypatch):
+    import json
+
+    from lbbench.routers.rl import policy as pol
+
+    def ship(name, fleet, sched=None):
+        d = tmp_path / "wgrl" / name
+        d.mkdir(parents=True)
+        cfg = {"fleet": fleet} | ({"instance_scheduler": sched} if sched else {})
+        (d / "config.json").write_text(json.dumps(cfg))
+        (d / pol.POLICY_FILE).write_bytes(b"")
+        return d
+
+    monkeypatch.setattr(pol, "SHIPPED_DIR", tmp_path)
+    fcfs = ship("f1", F1, "fcfs")
+    prio = ship("f1-priority", F1, "priority")
+    ship("other", "llama3.1-8b-a100:1,llama3.1-8b-l4:3", "priority")
+    assert shipped_fleet_checkpoint("wgrl", F1) == fcfs  # no scheduler named: the FCFS one, as before
+    assert shipped_fleet_checkpoint("wgrl", F1, "fcfs") == fcfs
+    assert shipped_fleet_checkpoint("wgrl", parse_fleet(F1), "priority") == prio
+    assert shipped_fleet_checkpoint("wgrl", F1, "bin_packing") == fcfs  # none for it: FCFS (then gated)
+    (fcfs / "config.json").write_text(json.dumps({"fleet": F1}))  # no recorded scheduler: FCFS, the default
+    assert shipped_fleet_checkpoint("wgrl", F1, "fcfs") == fcfs
+    (fcfs / pol.POLICY_FILE).unlink()
+    assert shipped_fleet_checkpoint("wgrl", F1) == prio  # the only one left for the fleet
+    with pytest.raises(CheckpointError, match="shipped fleets: .*l4:2; .*l4:3"):
+        shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100:3,llama3.1-8b-l4:1")

@@ -34,11 +34,11 @@ def test_shipped_checkpoint_routes(where):
     fleet = parse_fleet(meta["fleet"]) if meta.get("fleet") else None
     if fleet is not None:  # a mixed fleet's: found from the fleet
         assert meta["fleet"] == trained["fleet"] and fleet.num_instances == m
-        assert shipped_fleet_checkpoint(variant, fleet) == where
+        assert shipped_fleet_checkpoint(variant, fleet, trained.get("instance_scheduler")) == where
     else:
         assert shipped_checkpoint(variant, profile.name, m, trained["workload"], chunked) == where
     router = get_router(variant, num_instances=m, seed=0, profile=profile, workload=trained["workload"],
-                        chunked_prefill=chunked, fleet=fleet)
+                        chunked_prefill=chunked, fleet=fleet, instance_scheduler=trained.get("instance_scheduler"))
     # the validation gate ran, on seeds away from the evaluation seeds, and decided the routing mode
     v = meta["validation"]
     assert min(v["seeds"]) > 1000 and meta["gate"] in ("network", "heuristic")

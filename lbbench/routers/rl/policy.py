@@ -26,7 +26,9 @@ on the run's workload when there is one (``workload=`` router option, e.g.
 when none matches. On a mixed fleet (``fleet=``, a ``lbbench.fleet.Fleet`` or
 its spec) it is the one whose ``config.json`` records that fleet
 (``shipped_fleet_checkpoint``; ``lbbench train --fleet``), e.g.
-``wgrl/llama3.1-8b-f1-a100x2-l4x2/``.
+``wgrl/llama3.1-8b-f1-a100x2-l4x2/``, and of those the one trained on the run's
+engine scheduler (``instance_scheduler=``; ``config.json``'s
+``instance_scheduler``), else the FCFS one.
 
 **Out-of-distribution guard** (``ood_guard=True``, the default). A Q-network
 is only trustworthy on states like those it was trained on. A checkpoint
@@ -258,20 +260,32 @@ def _fleet_key(fleet: Any) -> str:
     return ",".join(part.strip() for part in spec.split(","))
 
 
-def shipped_fleet_checkpoint(variant: str, fleet: Any) -> Path:
+def shipped_fleet_checkpoint(variant: str, fleet: Any, instance_scheduler: str | None = None) -> Path:
     """The shipped checkpoint trained on a mixed fleet (``config.json``'s ``fleet`` equal to the fleet's spec);
-    ``CheckpointError`` naming the fleets that have one and how to train one when there is none."""
+    ``CheckpointError`` naming the fleets that have one and how to train one when there is none. Where several
+    were trained on the fleet, the one trained on the run's engine scheduler (``config.json``'s
+    ``instance_scheduler``; None: ``fcfs``), else the FCFS one (which the scheduler guard then gates), else the
+    first by name."""
     key = _fleet_key(fleet)
-    have = []
+    have: list[str] = []
+    found: list[tuple[str, Path]] = []  # (trained engine scheduler, directory), by name
     for cfg_path in sorted((SHIPPED_DIR / variant).glob("*/config.json")):
         try:
-            trained = json.loads(cfg_path.read_text()).get("fleet")
+            cfg = json.loads(cfg_path.read_text())
         except (OSError, ValueError):
             continue
+        trained = cfg.get("fleet")
         if trained:
-            have.append(trained)
+            if trained not in have:
+                have.append(trained)
             if _fleet_key(trained) == key and (cfg_path.parent / POLICY_FILE).is_file():
-                return cfg_path.parent
+                found.append((str(cfg.get("instance_scheduler") or "fcfs"), cfg_path.parent))
+    for want in (instance_scheduler or "fcfs", "fcfs"):
+        for sched, where in found:
+            if sched == want:
+                return where
+    if found:
+        return found[0][1]
     raise CheckpointError(
         f"router {variant}: no shipped checkpoint for fleet {key!r} (shipped fleets: "
         f"{'; '.join(have) or 'none'}); train one with `lbbench train --router {variant} --fleet {key} "
@@ -292,7 +306,7 @@ class RLRouter:
         profile_name = getattr(profile, "name", profile)
         if checkpoint is None and fleet is not None and not getattr(fleet, "is_uniform", False):
             # a mixed fleet (a Fleet or its spec): the checkpoint trained on that fleet
-            checkpoint = shipped_fleet_checkpoint(self.variant, fleet)
+            checkpoint = shipped_fleet_checkpoint(self.variant, fleet, instance_scheduler)
         if checkpoint is None:
             if profile_name is None:
                 raise CheckpointError(f"router {self.variant}: needs a profile or a checkpoint")
