@@ -6,7 +6,8 @@ Starts ``lbbench serve-sim`` (two emulated A100 instances, ``llama3.1-8b-a100``)
 ``lbbench run --endpoint URL --endpoint URL --workload paper-mix --rate 80``.
 
 Prints per repeat: requests recorded (of those sent), dispatch lag (actual - planned send time) p50 / p99 /
-max, streamed chunks per second, and the client's CPU time; then the median over repeats.
+max, streamed chunks per second, the client's CPU time and its load workers' (start-up included), the load
+average; then the median over repeats.
 Target (issue: replay client at 80 req/s): p99 dispatch lag <= 5 ms with every request recorded.
 
 ``--load-workers auto`` (the default) is what ``lbbench run`` picks (``lbbench.experiment.config.auto_load_workers``:
@@ -19,6 +20,7 @@ Usage: python bench/bench_client_lag.py [--rate 80] [--requests 600] [--repeats 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -28,7 +30,8 @@ import time
 from pathlib import Path
 
 import polars as pl
-from bench_proxy import wait_healthy  # bench/ is on the path when run as a script
+from bench_load_workers import WorkerCpu  # bench/ is on the path when run as a script
+from bench_proxy import wait_healthy
 
 from lbbench.experiment import RunConfig, run_experiment
 
@@ -36,6 +39,16 @@ from lbbench.experiment import RunConfig, run_experiment
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _total_cpu_s(sampler: WorkerCpu) -> float:
+    """All the CPU time the load workers used, start-up included (their last samples)."""
+    sampler.stop.set()
+    sampler.thread.join()
+    last: dict[int, float] = {}
+    for _, cpu in sampler.samples:
+        last.update(cpu)
+    return sum(last.values())
 
 
 def main() -> None:
@@ -64,9 +77,10 @@ def main() -> None:
                             stream_workers=workers, load_workers=None if lw == "auto" else int(lw)).resolved()
             workers = f"{workers} stream / {cfg.load_workers} load ({lw})"
             with tempfile.TemporaryDirectory() as tmp:
-                cpu0, t0 = _cpu_s(), time.perf_counter()
+                cpu0, t0, workers_cpu = _cpu_s(), time.perf_counter(), WorkerCpu()
                 out = run_experiment(cfg, Path(tmp) / "run")
                 cpu, wall = _cpu_s() - cpu0, time.perf_counter() - t0
+                worker_cpu = _total_cpu_s(workers_cpu)
                 df = pl.read_parquet(out.path / "requests.parquet")
             lag = (df["actual_send_s"] - df["planned_send_s"]).drop_nulls() * 1000
             chunks = int(df["generated_tokens"].sum())
@@ -75,12 +89,13 @@ def main() -> None:
                          "failed": int(df["error"].is_not_null().sum()),
                          "lag_p50_ms": float(lag.quantile(0.5)), "lag_p99_ms": float(lag.quantile(0.99)),
                          "lag_max_ms": float(lag.max()), "tokens_per_s": chunks / span if span > 0 else 0.0,
-                         "client_cpu_s": cpu, "wall_s": wall, "complete": out.complete})
+                         "client_cpu_s": cpu, "worker_cpu_s": worker_cpu, "wall_s": wall, "complete": out.complete})
             r = rows[-1]
             print(f"repeat {rep}, {workers} workers: recorded {r['recorded']}/{r['sent']} (failed {r['failed']}), dispatch lag "
                   f"p50 {r['lag_p50_ms']:.2f} / p99 {r['lag_p99_ms']:.2f} / max {r['lag_max_ms']:.2f} ms, "
-                  f"{r['tokens_per_s']:.0f} streamed tokens/s, client CPU {r['client_cpu_s']:.1f} s over "
-                  f"{r['wall_s']:.1f} s", flush=True)
+                  f"{r['tokens_per_s']:.0f} streamed tokens/s, client CPU {r['client_cpu_s']:.1f} s (load workers "
+                  f"{r['worker_cpu_s']:.1f} s, start-up included) over {r['wall_s']:.1f} s, load average "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
     finally:
         server.terminate()
         server.wait(10)

@@ -307,7 +307,7 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when a run stops
     except ValueError:  # not the main thread (a Ray actor's executor thread)
         pass
-    from .drive import new_event_loop
+    from .drive import new_event_loop, quiet_gc
 
     sock = socket.create_connection(address, timeout=60)
     sock.settimeout(None)
@@ -323,7 +323,8 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         send_msg(sock, ("clock", clock.offset_s, clock.rtt_s))
         loop = new_event_loop()
         try:
-            loop.run_until_complete(_Worker(sock, clock, settings, worker).run())
+            with quiet_gc():  # as the driver's: no full collection over the streams in flight stops the loop
+                loop.run_until_complete(_Worker(sock, clock, settings, worker).run())
         finally:
             loop.close()
     except (EOFError, OSError):  # the driver went away
