@@ -199,7 +199,8 @@ class LiveFleet:
         self._prompt_texts: dict[int, str] = {}
         self._priority_of = None
         if self.variant.instance_scheduler == "priority":  # servers run --scheduling-policy priority
-            self._priority_of = lambda r: request_priority(r, self.profile)
+            profiles = self.cfg.fleet_of(self.profile).profiles()  # each instance's own, as in the simulator
+            self._priority_of = lambda r, i: request_priority(r, profiles[i])
 
     def prepare(self, requests: list[Request]) -> None:
         if requests is not self._prepared:  # a new seed (one seed's units share the list)

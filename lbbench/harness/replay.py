@@ -194,7 +194,7 @@ class _Replay:
                  out_dir: Path | None, scrape_interval_s: float | None, request_timeout_s: float,
                  api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
                  health_interval_s: float, stall_timeout_s: float, warm_connections: int,
-                 early_wake_s: float, priority_of: Callable[[Request], int] | None = None,
+                 early_wake_s: float, priority_of: Callable[[Request, int], int] | None = None,
                  prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
                  stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02,
                  keep_token_times: bool = True, saturation: SaturationPolicy | None = None):
@@ -235,6 +235,7 @@ class _Replay:
         self.warm_connections = warm_connections
         self.early_wake_s = early_wake_s
         self.priority_of = priority_of
+        self._prio: dict[int, int] = {}  # an in-process send's priority, set at its dispatch (by its instance)
         self.prompt_texts = prompt_texts
         self.drive = Drive(router, specs, min_step_s=min_step_s, on_dispatch=self._dispatched, on_error=self._crash)
         self.state = self.drive.state
@@ -265,9 +266,10 @@ class _Replay:
         self.mem.start()
         try:
             # the streams go through the one sender; health probes and /metrics scrapes through a plain session
+            prio = None if self.priority_of is None else lambda r: self._prio.get(r.request_id)
             async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
-                                   request_timeout_s=self.request_timeout_s,
-                                   priority_of=self.priority_of, prompt_texts=self.prompt_texts) as backend, \
+                                   request_timeout_s=self.request_timeout_s, priority_of=prio,
+                                   prompt_texts=self.prompt_texts) as backend, \
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
                 self.backend, self.session = backend, session
                 await self._warm_pool()
@@ -428,16 +430,18 @@ class _Replay:
             lead = 0.0 if req.request_id in self.no_lead else self.lead_s
             self.no_lead.discard(req.request_id)
             planned = req.arrival_s + max(0.0, held - lead)  # what the router held it for, beyond the lead
-            prio = self.priority_of(req) if self.priority_of is not None else None
+            prio = self.priority_of(req, inst) if self.priority_of is not None else None
             self.remote[req.request_id] = (req, inst, planned, planned)
             self.worker_rec[req.request_id] = self.lw.submit(req, inst, prio,
                                                              (self.prompt_texts or {}).get(req.request_id), planned)
             return
         if self.workers is not None:
             self.remote[req.request_id] = (req, inst, now, req.arrival_s + held)
-            prio = self.priority_of(req) if self.priority_of is not None else None
+            prio = self.priority_of(req, inst) if self.priority_of is not None else None
             self.workers.submit(req, inst, prio, (self.prompt_texts or {}).get(req.request_id))
             return
+        if self.priority_of is not None:
+            self._prio[req.request_id] = self.priority_of(req, inst)
         task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
         self.in_flight[task] = (req, inst, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
@@ -449,6 +453,7 @@ class _Replay:
     # -- one request -------------------------------------------------------------------------
     async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float) -> None:
         res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst))
+        self._prio.pop(req.request_id, None)
         self._finish(req, inst, dispatch_s, planned_s, res)
 
     def _finish(self, req: Request, inst: int, dispatch_s: float, planned_s: float, res: StreamResult) -> None:
@@ -606,7 +611,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
                progress: Callable[[int, int], None] | None = None,
                health_interval_s: float = 0.5, stall_timeout_s: float = 30.0,
                warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
-               priority_of: Callable[[Request], int] | None = None,
+               priority_of: Callable[[Request, int], int] | None = None,
                prompt_texts: dict[int, str] | None = None,
                engine: Engine | str | None = None, label: str | None = None,
                stream_workers: int = 0, load_workers: int = 0, ray: bool = False,
@@ -618,8 +623,8 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
     ``warm_connections`` keep-alive connections per endpoint are opened before
     the clock starts; ``early_wake_s`` trades a little CPU (the scheduler yields
     in a loop for that long before each arrival) for sub-millisecond send
-    precision (0 turns it off). ``priority_of`` gives each request the ``priority``
-    field it is sent with (servers under vLLM's priority scheduling policy). ``prompt_texts``
+    precision (0 turns it off). ``priority_of(request, instance)`` gives each request the ``priority``
+    field it is sent with to that instance (servers under vLLM's priority scheduling policy). ``prompt_texts``
     (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
     endpoints that take only text. ``engine`` (:mod:`lbbench.engines`, default vLLM) names the request fields and
     the metrics of the endpoints' engine. ``label`` is the records' ``router`` column (default: the router's name).

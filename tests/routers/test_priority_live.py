@@ -65,7 +65,7 @@ def test_live_priority_order_through_an_emulated_server():
     order = {}
     for sched in ("fcfs", "priority"):
         with EmulatorFleet(FleetConfig(prof, 1, scheduler=sched)) as fleet:
-            prio = (lambda r: request_priority(r, prof)) if sched == "priority" else None
+            prio = (lambda r, i: request_priority(r, prof)) if sched == "priority" else None
             res = run_replay(reqs, get_router("round_robin", num_instances=1), fleet.endpoints, run_id="t",
                              seed=0, scrape_interval_s=None, min_step_s=prof.min_step_s, priority_of=prio,
                              warm_connections=len(reqs))
