@@ -16,6 +16,7 @@ from lbbench.harness.replay import run_replay
 from lbbench.profiles import load_profile
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig, prompt_tokens_of
 from lbbench.routers import get_router
+from lbbench.routers.heuristics import RoundRobin
 
 openai = pytest.importorskip("openai")
 PROFILE = load_profile("llama3.1-8b-a100")
@@ -40,8 +41,24 @@ def test_prompt_length_estimates():
     assert n == 10 and text == "x" * 40
 
 
+class _LoggedRoundRobin(RoundRobin):
+    """Round robin that logs each pick with the instances it saw as healthy, so that the test can tell a routing
+    fault from a backend the proxy had (rightly) marked down or retried away from on a loaded host."""
+
+    def __init__(self):
+        super().__init__(num_instances=2, seed=0)
+        self.log: list[tuple[int | None, tuple[int, ...]]] = []
+
+    def pick(self, request, view):
+        i = super().pick(request, view)
+        self.log.append((i, tuple(view.healthy_indices())))
+        return i
+
+
 def test_stock_openai_client_streaming_and_not(fleet):
-    with _gateway(fleet) as gw:
+    router = _LoggedRoundRobin()
+    cfg = ProxyConfig(backends=list(fleet.endpoints), router=router, health_interval_s=0.2)
+    with GatewayThread(cfg) as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="none")
         model = client.models.list().data[0].id
         assert model == PROFILE.model
@@ -58,8 +75,19 @@ def test_stock_openai_client_streaming_and_not(fleet):
                                                      max_tokens=6, stream=True, stream_options={"include_usage": True}))
         assert stream[-1].usage.completion_tokens == 6
         served = [inst.num_finished_total for inst in fleet.instances]
-        assert sum(served) == 4 and min(served) == 2  # round robin alternated
         metrics = _metrics_with(gw.url, 'lbbench_proxy_requests_total{status="200"} 4')
+        assert len(router.log) >= 4, router.log  # one pick per request, more only for retries
+        # every pick is round robin's next healthy instance after the previous pick
+        last = None
+        for i, healthy in router.log:
+            assert i in healthy, (router.log, metrics)
+            if last is not None and len(healthy) == 2:
+                assert i != last, (router.log, metrics)
+            last = i
+        if len(router.log) == 4 and all(len(h) == 2 for _, h in router.log):  # no retry, both healthy throughout
+            assert served == [2, 2], (served, router.log, metrics)  # round robin alternated
+        else:  # the proxy retried or marked a backend down: each backend served what was routed to it
+            assert sum(served) == 4, (served, router.log, metrics)
         assert 'lbbench_proxy_requests_total{status="200"} 4' in metrics
         assert "lbbench_proxy_request_duration_seconds_count 4" in metrics
         assert "lbbench_proxy_router_decisions_total" in metrics
