@@ -14,7 +14,12 @@ Reports:
   gauge of the killed backend; failures explained by no kill (target: 0);
 - RSS over time of the proxy process and of the client (this process plus its load workers), from
   ``/proc/PID/status``, and the growth from the first sample after ``--warmup`` seconds to the last one taken
-  while the replay ran (target: <= 50 MB over 30 minutes).
+  while the replay ran (target: <= 50 MB over 30 minutes);
+- the backlog: the proxy's in-flight count over time and its least-squares slope after warm-up (requests/min),
+  beside the same count for the same requests in the simulator (`ClusterSim`, the same four instances and router,
+  no kills: physics-derived, the emulated GPUs' own capacity). A live backlog that grows while the simulated one
+  does not means the host falls behind; both growing means the rate is above what the emulated fleet carries, and
+  every process then holds a growing set of open streams (their buffers are what RSS follows).
 
 A summary is written to ``--out`` (JSON) with every sample and kill.
 
@@ -85,6 +90,27 @@ def in_flight_total(gateway: str) -> int:
 def start_backend(port: int) -> subprocess.Popen:
     return subprocess.Popen(LB + ["serve-sim", "--instances", "1", "--profile", PROFILE, "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def slope_per_min(ts: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` against ``ts`` (seconds), per minute; 0 with fewer than 2 points."""
+    if len(ts) < 2:
+        return 0.0
+    return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0] * 60.0)
+
+
+def simulated_in_flight(reqs: list[Request], times_s: list[float]) -> list[int]:
+    """Requests arrived and not finished at each of ``times_s`` (run clock), when the simulator serves ``reqs`` on
+    the soak's fleet (4 x PROFILE, least_requests, no kills)."""
+    from lbbench.profiles import load_profile
+    from lbbench.sim.cluster import ClusterSim
+
+    prof = load_profile(PROFILE)
+    recs = ClusterSim(prof, 4, reqs, seed=0, run_id="soak-sim").run(
+        get_router("least_requests", num_instances=4, seed=0, profile=prof))
+    arr = np.sort(np.array([r.arrival_s for r in recs]))
+    fin = np.sort(np.array([r.finish_s if r.finish_s is not None else np.inf for r in recs]))
+    return [int(np.searchsorted(arr, t, "right") - np.searchsorted(fin, t, "right")) for t in times_s]
 
 
 def workload(rate: float, minutes: float, seed: int) -> list[Request]:
@@ -229,6 +255,10 @@ def main() -> None:
     why = explain(res.records, soak.kills, res.clock_origin_s, res.failure_times)
     warm = [x for x in soak.samples if x["t_s"] >= args.warmup] or soak.samples
     first, last = warm[0], soak.samples[-2] if len(soak.samples) > 1 else soak.samples[-1]
+    # the backlog while arrivals last (after the last arrival the replay only drains)
+    during = [x for x in warm if x["t_s"] <= min(last["t_s"], reqs[-1].arrival_s - args.sample_every / 2)] or warm
+    live_ts = [x["t_s"] for x in during]
+    sim_in_flight = simulated_in_flight(reqs, live_ts)
     summary = {
         "minutes": args.minutes, "rate_per_s": args.rate, "load_workers": workers, "sent": len(reqs),
         "recorded": len(ids), "recorded_twice": len(ids) - len(set(ids)), "complete": res.complete,
@@ -240,6 +270,9 @@ def main() -> None:
         "rss": soak.samples,
         "proxy_rss_growth_mb": round(last["proxy_rss_mb"] - first["proxy_rss_mb"], 1),
         "client_rss_growth_mb": round(last["client_rss_mb"] - first["client_rss_mb"], 1),
+        "in_flight_slope_per_min": round(slope_per_min(live_ts, [x["proxy_in_flight"] for x in during]), 1),
+        "sim_in_flight": dict(zip(map(str, live_ts), sim_in_flight)),
+        "sim_in_flight_slope_per_min": round(slope_per_min(live_ts, sim_in_flight), 1),
         "load_worker_lag": res.load_workers,
     }
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) / "soak.json"
@@ -254,9 +287,14 @@ def main() -> None:
     for k in summary["kills"]:
         print(f"  kill of backend {k['backend']} at {k['at_run_s']:.1f} s: gauge read {k['in_flight_before']} in "
               f"flight just before, {k['failures']} client failures, back after {k['back_after_s']} s")
-    print("RSS (MB) over time: t_s proxy client")
+    print("RSS (MB) and requests in flight over time: t_s proxy client in-flight (simulator's in-flight)")
+    sim_at = dict(zip(live_ts, sim_in_flight))
     for s in soak.samples:
-        print(f"  {s['t_s']:8.1f} {s['proxy_rss_mb']:8.1f} {s['client_rss_mb']:8.1f}")
+        sim = sim_at.get(s["t_s"])
+        print(f"  {s['t_s']:8.1f} {s['proxy_rss_mb']:8.1f} {s['client_rss_mb']:8.1f} {s['proxy_in_flight']:6d}"
+              + (f" ({sim})" if sim is not None else ""))
+    print(f"backlog after warm-up: in flight grows {summary['in_flight_slope_per_min']:+.1f}/min live, "
+          f"{summary['sim_in_flight_slope_per_min']:+.1f}/min in the simulator (same requests, no kills)")
     print(f"RSS growth from {first['t_s']:.0f} s to {last['t_s']:.0f} s: proxy {summary['proxy_rss_growth_mb']:+.1f} MB, client "
           f"{summary['client_rss_growth_mb']:+.1f} MB (target <= 50 MB over 30 minutes)")
     for w in res.load_workers:
