@@ -183,8 +183,12 @@ class Soak:
                 next_kill += a.kill_every * 60
             self.stop.wait(0.2)
 
-    def close(self) -> None:
+    def close(self, chaos: threading.Thread | None = None) -> None:
+        """Stop the chaos thread first (a restart it is making would otherwise outlive the soak), then every
+        process."""
         self.stop.set()
+        if chaos is not None:
+            chaos.join(90)  # a restart waits at most 60 s for health
         for p in [self.proxy, *self.procs]:
             p.terminate()
         for p in [self.proxy, *self.procs]:
@@ -231,8 +235,7 @@ def run_soak(args: argparse.Namespace, soak_args: argparse.Namespace, run_id: st
                          request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
         soak.sample()
     finally:
-        soak.close()
-        chaos.join(5)
+        soak.close(chaos)
     return soak, res, reqs, workers
 
 
