@@ -235,7 +235,6 @@ class _Replay:
         self.warm_connections = warm_connections
         self.early_wake_s = early_wake_s
         self.priority_of = priority_of
-        self._prio: dict[int, int] = {}  # an in-process send's priority, set at its dispatch (by its instance)
         self.prompt_texts = prompt_texts
         self.drive = Drive(router, specs, min_step_s=min_step_s, on_dispatch=self._dispatched, on_error=self._crash)
         self.state = self.drive.state
@@ -266,10 +265,8 @@ class _Replay:
         self.mem.start()
         try:
             # the streams go through the one sender; health probes and /metrics scrapes through a plain session
-            prio = None if self.priority_of is None else lambda r: self._prio.get(r.request_id)
             async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
-                                   request_timeout_s=self.request_timeout_s, priority_of=prio,
-                                   prompt_texts=self.prompt_texts) as backend, \
+                                   request_timeout_s=self.request_timeout_s) as backend, \
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
                 self.backend, self.session = backend, session
                 await self._warm_pool()
@@ -426,23 +423,20 @@ class _Replay:
 
     def _dispatched(self, req: Request, inst: int, now: float) -> None:
         held = now - self.arrived_at.pop(req.request_id, now)
+        prio = self.priority_of(req, inst) if self.priority_of is not None else None
+        text = (self.prompt_texts or {}).get(req.request_id)
         if self.lw is not None:
             lead = 0.0 if req.request_id in self.no_lead else self.lead_s
             self.no_lead.discard(req.request_id)
             planned = req.arrival_s + max(0.0, held - lead)  # what the router held it for, beyond the lead
-            prio = self.priority_of(req, inst) if self.priority_of is not None else None
             self.remote[req.request_id] = (req, inst, planned, planned)
-            self.worker_rec[req.request_id] = self.lw.submit(req, inst, prio,
-                                                             (self.prompt_texts or {}).get(req.request_id), planned)
+            self.worker_rec[req.request_id] = self.lw.submit(req, inst, prio, text, planned)
             return
         if self.workers is not None:
             self.remote[req.request_id] = (req, inst, now, req.arrival_s + held)
-            prio = self.priority_of(req, inst) if self.priority_of is not None else None
-            self.workers.submit(req, inst, prio, (self.prompt_texts or {}).get(req.request_id))
+            self.workers.submit(req, inst, prio, text)
             return
-        if self.priority_of is not None:
-            self._prio[req.request_id] = self.priority_of(req, inst)
-        task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held))
+        task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held, prio, text))
         self.in_flight[task] = (req, inst, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
 
@@ -451,9 +445,10 @@ class _Replay:
         self._task_done(task)
 
     # -- one request -------------------------------------------------------------------------
-    async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float) -> None:
-        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst))
-        self._prio.pop(req.request_id, None)
+    async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float, prio: int | None,
+                    text: str | None) -> None:
+        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst),
+                                      priority=prio, text=text)
         self._finish(req, inst, dispatch_s, planned_s, res)
 
     def _finish(self, req: Request, inst: int, dispatch_s: float, planned_s: float, res: StreamResult) -> None:

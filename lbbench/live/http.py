@@ -373,8 +373,7 @@ class HttpBackend:
 
     def __init__(self, *, model: str, clock: Callable[[], float], api: str = "completions",
                  request_timeout_s: float = 600.0, token_id_range: tuple[int, int] = DEFAULT_TOKEN_ID_RANGE,
-                 priority_of: Callable[[Request], int | None] | None = None,
-                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM):
+                 engine: Engine = VLLM):
         if api not in ("completions", "chat"):
             raise ValueError(f"api: unknown API {api!r} (completions or chat)")
         self.model = model
@@ -382,8 +381,6 @@ class HttpBackend:
         self.api = api
         self.request_timeout_s = request_timeout_s
         self.token_id_range = token_id_range
-        self.priority_of = priority_of  # None: no priority field (vLLM rejects one under fcfs)
-        self.prompt_texts = prompt_texts if prompt_texts is not None else {}  # text prompts by request id
         self.engine = engine
         self.path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
         self.pools: dict[_Addr, list[_Conn]] = {}
@@ -429,11 +426,12 @@ class HttpBackend:
                     conn.transport.close()
             pool.clear()
 
-    def prepare(self, base_url: str, request: Request) -> bytes:
-        """The whole HTTP request for ``request`` (a load worker builds it ahead of its send time)."""
-        prio = self.priority_of(request) if self.priority_of is not None else None
-        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, prio,
-                                          self.prompt_texts.get(request.request_id), self.engine)).encode()
+    def prepare(self, base_url: str, request: Request, priority: int | None = None, text: str | None = None) -> bytes:
+        """The whole HTTP request for ``request`` (a load worker builds it ahead of its send time): ``priority``
+        is its ``priority`` field (None: none, as vLLM rejects one under fcfs), ``text`` its prompt as text (None:
+        token ids)."""
+        payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, priority, text,
+                                          self.engine)).encode()
         host, port, _ = self._addr(base_url)
         if ":" in host:  # an IPv6 address
             host = f"[{host}]"
@@ -441,12 +439,12 @@ class HttpBackend:
                 f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
 
     async def send(self, base_url: str, request: Request, on_tokens: TokenCallback | None = None,
-                   raw: bytes | None = None) -> StreamResult:
-        """Stream one request to ``base_url`` (``raw``: its bytes from ``prepare``); never raises for server or
-        network faults."""
+                   raw: bytes | None = None, priority: int | None = None, text: str | None = None) -> StreamResult:
+        """Stream one request to ``base_url`` (``raw``: its bytes from ``prepare``, else built here with
+        ``priority`` and ``text``); never raises for server or network faults."""
         addr = self._addr(base_url)
         if raw is None:
-            raw = self.prepare(base_url, request)
+            raw = self.prepare(base_url, request, priority, text)
         loop = asyncio.get_running_loop()
         res = StreamResult(actual_send_s=self.clock())
         for attempt in (0, 1):

@@ -171,7 +171,6 @@ class _Worker(BatchedEmit):
         self.s = settings
         self.heap: list[tuple[float, int, tuple]] = []
         self.seq = itertools.count()
-        self.prios: dict[int, int | None] = {}
         self.outbox: list[tuple] = []
         self.tasks: set[asyncio.Task] = set()
         self.frames = Frames()
@@ -196,8 +195,7 @@ class _Worker(BatchedEmit):
                 self.loop.call_later(1.0, tick)
             tick()
         self.client = HttpBackend(model=self.s.model, clock=self.now, api=self.s.api,
-                                  engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s,
-                                  priority_of=lambda r: self.prios.get(r.request_id))
+                                  engine=get_engine(self.s.engine), request_timeout_s=self.s.request_timeout_s)
         try:
             await self.client.warm(self.s.endpoints, self.s.warm_connections)
             send_msg(self.sock, [("ready",)])
@@ -232,13 +230,8 @@ class _Worker(BatchedEmit):
                 kind = item[0]
                 if kind == "send":
                     _, req, inst, prio, text, planned_s = item
-                    self.prios[req.request_id] = prio
-                    if text is not None:
-                        self.client.prompt_texts[req.request_id] = text
                     # the request's bytes are built now, ahead of its send time: at that time they are only written
-                    raw = self.client.prepare(self.s.endpoints[inst], req)
-                    self.prios.pop(req.request_id, None)
-                    self.client.prompt_texts.pop(req.request_id, None)
+                    raw = self.client.prepare(self.s.endpoints[inst], req, prio, text)
                     heapq.heappush(self.heap, (planned_s, next(self.seq), (req, inst, raw)))
                 elif kind == "pong":
                     self._pong(item[1], item[2])

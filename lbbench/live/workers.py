@@ -88,7 +88,6 @@ class _Worker(BatchedEmit):
         self.conn = conn
         self.s = settings
         self.t0 = time.monotonic()
-        self.prios: dict[int, int | None] = {}
         self.outbox: list[tuple] = []
         self.tasks: set[asyncio.Task] = set()
         self._flush_pending = False
@@ -100,8 +99,7 @@ class _Worker(BatchedEmit):
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
         async with HttpBackend(model=self.s.model, clock=self.now, api=self.s.api, engine=get_engine(self.s.engine),
-                               request_timeout_s=self.s.request_timeout_s,
-                               priority_of=lambda r: self.prios.get(r.request_id)) as backend:
+                               request_timeout_s=self.s.request_timeout_s) as backend:
             self.backend = backend
             await backend.warm(self.s.endpoints, self.s.warm_connections)
             self.conn.send([("ready",)])
@@ -119,10 +117,7 @@ class _Worker(BatchedEmit):
                 kind = msg[0]
                 if kind == "send":
                     _, req, inst, prio, text = msg
-                    self.prios[req.request_id] = prio
-                    if text is not None:
-                        self.backend.prompt_texts[req.request_id] = text
-                    task = self.loop.create_task(self._one(req, inst))
+                    task = self.loop.create_task(self._one(req, inst, prio, text))
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
                 elif kind == "t0":
@@ -139,11 +134,9 @@ class _Worker(BatchedEmit):
         except (BrokenPipeError, OSError):
             self.stopped.set()
 
-    async def _one(self, req: Request, inst: int) -> None:
-        rid, url = req.request_id, self.s.endpoints[inst]
-        raw = self.backend.prepare(url, req)
-        self.prios.pop(rid, None)
-        self.backend.prompt_texts.pop(rid, None)
+    async def _one(self, req: Request, inst: int, prio: int | None, text: str | None) -> None:
+        url = self.s.endpoints[inst]
+        raw = self.backend.prepare(url, req, prio, text)
         await send_and_report(self.backend, url, req, inst, raw, self.s.min_step_s, self._emit)
 
 

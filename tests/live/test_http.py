@@ -192,3 +192,20 @@ def test_sender_streams_exact_lengths_from_an_emulated_instance(fleet):
     assert bad.http_status == 404 and bad.error.startswith("HTTP 404:") and not bad.connection_error
     assert refused.connection_error and refused.error.startswith("connection error:")
     assert refused.http_status is None and refused.finish_s is None
+
+
+def test_prepared_request_carries_the_priority_and_text_it_is_given():
+    backend = HttpBackend(model="m", clock=time.monotonic)
+    r = Request(7, 0.0, 12, 5)
+
+    def body(raw: bytes) -> dict:
+        head, _, payload = raw.partition(b"\r\n\r\n")
+        assert f"Content-Length: {len(payload)}".encode() in head
+        return json.loads(payload)
+
+    plain = body(backend.prepare("http://127.0.0.1:8000", r))
+    assert "priority" not in plain and len(plain["prompt"]) == 12  # token ids
+    given = body(backend.prepare("http://127.0.0.1:8000", r, 3, "a prompt as text"))
+    assert given["priority"] == 3 and given["prompt"] == "a prompt as text"
+    assert {k: v for k, v in given.items() if k not in ("priority", "prompt")} == \
+        {k: v for k, v in plain.items() if k != "prompt"}

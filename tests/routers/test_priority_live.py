@@ -10,6 +10,7 @@ import urllib.request
 from dataclasses import replace
 
 import polars as pl
+import pytest
 from click.testing import CliRunner
 
 from lbbench.cli import main
@@ -53,7 +54,9 @@ def test_emulated_fcfs_server_rejects_a_priority_as_vllm_does():
         assert _post(url, {"prompt": [1] * 8, "max_tokens": 2, "priority": "high"}) == 400
 
 
-def test_live_priority_order_through_an_emulated_server():
+@pytest.mark.parametrize("senders", [{}, {"stream_workers": 1}, {"load_workers": 1}],
+                         ids=["in-process", "stream-worker", "load-worker"])
+def test_live_priority_order_through_an_emulated_server(senders):
     # one sequence slot: request 0 runs, the others queue at the server; their predicted
     # lengths (not their true ones, all equal) decide the order under the priority policy
     prof = tiny_profile(max_num_seqs=1, base_s=0.02)
@@ -68,7 +71,7 @@ def test_live_priority_order_through_an_emulated_server():
             prio = (lambda r, i: request_priority(r, prof)) if sched == "priority" else None
             res = run_replay(reqs, get_router("round_robin", num_instances=1), fleet.endpoints, run_id="t",
                              seed=0, scrape_interval_s=None, min_step_s=prof.min_step_s, priority_of=prio,
-                             warm_connections=len(reqs))
+                             warm_connections=len(reqs), **senders)
         assert res.complete and all(r.error is None for r in res.records)
         order[sched] = [r.request_id for r in sorted(res.records, key=lambda r: r.first_token_s)]
     assert order["fcfs"] == [0, 1, 2, 3, 4]
