@@ -25,20 +25,17 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from soak_proxy import run_soak
+from soak_proxy import run_soak, slope_per_min
 
 from lbbench.live.memtrace import ENV, ENV_WARMUP
 
 
 def slope_mb_per_min(samples: list[dict], key: str, warmup_s: float) -> float | None:
-    pts = [(s["t_s"], s[key]) for s in samples if s["t_s"] >= warmup_s]
+    pts = [s for s in samples if s["t_s"] >= warmup_s]
     if len(pts) < 2:
         return None
-    t, y = np.array(pts).T
-    return float(np.polyfit(t / 60, y, 1)[0])
+    return slope_per_min([s["t_s"] for s in pts], [s[key] for s in pts])
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ from lbbench.core import Request  # noqa: E402
 from lbbench.engines.vllm.emulator import free_port, free_port_range  # noqa: E402
 from lbbench.experiment.config import auto_load_workers  # noqa: E402
 from lbbench.harness.replay import run_replay  # noqa: E402
+from lbbench.live.saturation import backlog_at, slope  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
 LB = [sys.executable, "-m", "lbbench.cli"]
@@ -94,9 +95,7 @@ def start_backend(port: int) -> subprocess.Popen:
 
 def slope_per_min(ts: list[float], ys: list[float]) -> float:
     """Least-squares slope of ``ys`` against ``ts`` (seconds), per minute; 0 with fewer than 2 points."""
-    if len(ts) < 2:
-        return 0.0
-    return float(np.polyfit(np.asarray(ts, float), np.asarray(ys, float), 1)[0] * 60.0)
+    return 60.0 * slope(list(zip(ts, ys)))
 
 
 def simulated_in_flight(reqs: list[Request], times_s: list[float]) -> list[int]:
@@ -108,9 +107,7 @@ def simulated_in_flight(reqs: list[Request], times_s: list[float]) -> list[int]:
     prof = load_profile(PROFILE)
     recs = ClusterSim(prof, 4, reqs, seed=0, run_id="soak-sim").run(
         get_router("least_requests", num_instances=4, seed=0, profile=prof))
-    arr = np.sort(np.array([r.arrival_s for r in recs]))
-    fin = np.sort(np.array([r.finish_s if r.finish_s is not None else np.inf for r in recs]))
-    return [int(np.searchsorted(arr, t, "right") - np.searchsorted(fin, t, "right")) for t in times_s]
+    return backlog_at([r.arrival_s for r in recs], [r.finish_s for r in recs], times_s)
 
 
 def workload(rate: float, minutes: float, seed: int) -> list[Request]:

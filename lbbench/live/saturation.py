@@ -30,6 +30,7 @@ backlog rebuilt from the records (``backlog_samples``), so that both mark the sa
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -153,26 +154,22 @@ def saturated_at(samples: Iterable[tuple[float, float]], threshold_per_s: float,
     return None
 
 
+def backlog_at(arrivals: Sequence[float], ends: Sequence[float | None], times: Sequence[float]) -> list[int]:
+    """The backlog (arrived and not yet ended) at each of ``times``; an end of None or inf never comes."""
+    a = sorted(arrivals)
+    e = sorted(x for x in ends if x is not None and math.isfinite(x))
+    return [bisect.bisect_right(a, t) - bisect.bisect_right(e, t) for t in times]
+
+
 def backlog_samples(arrivals: Sequence[float], ends: Sequence[float], interval_s: float,
                     until_s: float | None = None) -> list[tuple[float, float]]:
     """The backlog (arrived and not yet ended) every ``interval_s`` from the first arrival to ``until_s``
     (default: the last arrival, after which nothing is left to stop sending)."""
     if not arrivals:
         return []
-    a = sorted(arrivals)
-    e = sorted(x for x in ends if x is not None and math.isfinite(x))
-    t0, t1 = a[0], (a[-1] if until_s is None else until_s)
-    out = []
-    i = j = 0
-    steps = int((t1 - t0) / interval_s) + 1
-    for k in range(steps):
-        t = t0 + k * interval_s
-        while i < len(a) and a[i] <= t:
-            i += 1
-        while j < len(e) and e[j] <= t:
-            j += 1
-        out.append((t, float(i - j)))
-    return out
+    t0, t1 = min(arrivals), (max(arrivals) if until_s is None else until_s)
+    times = [t0 + k * interval_s for k in range(int((t1 - t0) / interval_s) + 1)]
+    return [(t, float(b)) for t, b in zip(times, backlog_at(arrivals, ends, times))]
 
 
 def records_saturated_at(records: Sequence, threshold_per_s: float, window_s: float = DEFAULT_WINDOW_S

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbench.live.saturation import SaturationDetector, backlog_samples, saturated_at, slope
+from lbbench.live.saturation import SaturationDetector, backlog_at, backlog_samples, saturated_at, slope
 
 
 def series(fn, duration_s=30.0, dt=0.25):
@@ -73,6 +73,8 @@ def test_property_flat_never_saturates_and_steep_growth_does(rate, level, noise,
 def test_backlog_samples_count_arrived_not_ended():
     s = backlog_samples([0.0, 1.0, 2.0], [1.5, 3.0, 5.0], 1.0, until_s=3.0)
     assert s == [(0.0, 1.0), (1.0, 2.0), (2.0, 2.0), (3.0, 1.0)]
+    # at any times, in any order; an end of None or inf never comes
+    assert backlog_at([0.0, 1.0, 2.0], [1.5, None, float("inf")], [2.5, -1.0, 1.0, 1.5]) == [2, 0, 2, 1]
 
 
 # -- a live step far over capacity ----------------------------------------------------------------------------
