@@ -159,6 +159,13 @@ class Block:
         a = F.silu(gu[:, : self.inter]) * gu[:, self.inter:]
         return x + self.down(a)
 
+    def gemms(self, x: torch.Tensor) -> None:
+        """The four projections alone (no norms, activation or adds), shapes as in :meth:`linear`."""
+        qkv = self.qkv(x)
+        self.o(qkv[:, : self.heads * HEAD_DIM].contiguous())
+        gu = self.gate_up(x)
+        self.down(gu[:, : self.inter].contiguous())
+
     def weight_bytes(self) -> int:
         return sum(lin.w.numel() * lin.w.element_size() for lin in (self.qkv, self.o, self.gate_up, self.down))
 
@@ -201,7 +208,7 @@ def section_block_linear(dev: str, dry: bool, clock: Clock, dtypes: tuple[str, .
                                   for _ in range(max(0, min(4, math.ceil(2e8 / wb)) - 1))]
                 row = {"model": name, "tp": tp, "dtype": dtype, "hidden_size": h, "intermediate_size": inter,
                        "num_heads": heads, "num_kv_heads": kvh, "weight_bytes_per_gpu": wb, "copies": len(copies),
-                       "num_tokens": [], "block_s": []}
+                       "num_tokens": [], "block_s": [], "gemm_s": []}
                 for t in tokens:
                     if dtype == "fp8" and t % 16:
                         continue  # _scaled_mm wants dimensions divisible by 16
@@ -211,8 +218,13 @@ def section_block_linear(dev: str, dry: bool, clock: Clock, dtypes: tuple[str, .
                         for blk in copies:
                             blk.linear(x)
                     s = time_fn(run, dev, reps=4) / len(copies)
+
+                    def run_gemms(x=x):
+                        for blk in copies:
+                            blk.gemms(x)
                     row["num_tokens"].append(t)
                     row["block_s"].append(s)
+                    row["gemm_s"].append(time_fn(run_gemms, dev, reps=4) / len(copies))
                 del copies, one
                 if dev == "cuda":
                     torch.cuda.empty_cache()
@@ -344,13 +356,12 @@ class Model:
 def section_steps(dev: str, dry: bool, clock: Clock) -> dict:
     out = {"model": "llama-3.1-8b shape, bf16, 32 blocks + LM head", "decode": [], "prefill": []}
     for ctx in ((1024, 4096) if not dry else (32,)):
-        batches = (1, 8, 16, 32, 64, 128, 256) if not dry else (1, 2)
+        kv_per_seq = ctx * 8 * HEAD_DIM * 2 * 2 * 32
+        batches = [b for b in ((1, 8, 16, 32, 64, 128, 256) if not dry else (1, 2)) if b * kv_per_seq <= 60e9]
         model = Model(dev, dry, max(batches), ctx)
         for b in batches:
             if clock.left_s() < 30:
                 out["decode"].append({"skipped": f"decode B {b} ctx {ctx}: time budget"})
-                continue
-            if ctx * b * 8 * HEAD_DIM * 2 * 2 * 32 > 60e9:
                 continue
             x = torch.randn(b, model.h, device=dev, dtype=torch.bfloat16)
             ks, vs = model.k, model.v
