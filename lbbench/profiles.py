@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from .core import InstanceSpec
+from .roofline import RooflineEfficiency, RooflineError, RooflineShape, RooflineStepModel
+from .step_model import LinearStepModel, StepModel
 
 
 class ProfileError(ValueError):
@@ -69,6 +72,19 @@ class Profile:
     physics: dict[str, Any] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
     path: str | None = None
+    #: ``[step] model = "roofline"``: the ``[roofline]`` table (what one GPU handles per step) and the
+    #: ``[efficiency]`` factors; the step times then come from ``lbbench.roofline`` and ``[step]``'s linear
+    #: coefficients are only a summary of it
+    roofline: dict[str, float] = field(default_factory=dict)
+    efficiency: dict[str, float] = field(default_factory=dict)
+
+    @cached_property
+    def step_model(self) -> StepModel:
+        """What every step of an instance with this profile costs (``lbbench.step_model``)."""
+        if self.roofline:
+            return RooflineStepModel(RooflineShape.from_table(self.roofline, self.name),
+                                     RooflineEfficiency(**self.efficiency))
+        return LinearStepModel(self.base_s, self.prefill_token_s, self.decode_seq_s, self.context_token_s)
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -80,8 +96,11 @@ class Profile:
         return 1.0 / self.min_step_s
 
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return (self.base_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
-                + self.context_token_s * context_tokens)
+        """A step of one fresh prompt chunk of ``prefill_tokens``, ``decode_seqs`` decodes and their
+        ``context_tokens`` of KV, by the step model."""
+        m = self.step_model
+        chunks = ((0, prefill_tokens),) if prefill_tokens else ()
+        return m.decode_s(decode_seqs) + m.context_token_s * context_tokens + m.prefill_s(chunks, decode_seqs)
 
     def typical_decode_batch(self) -> int:
         """Sequences in a typical full decode batch: ``max_num_seqs``, or fewer when the KV cache holds
@@ -168,12 +187,30 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
             kw[k] = tbl[k]
     kw["scheduler"] = str(data["engine"].get("scheduler", "v1"))
     kw["api_overhead_s"] = float(data["step"].get("api_overhead_s", 0.0))
+    model = data["step"].get("model", "linear")
+    if model not in ("linear", "roofline"):
+        raise ProfileError(f"{p}: step.model must be \"linear\" or \"roofline\", not {model!r}")
+    if model == "roofline":
+        for tbl in ("roofline", "efficiency"):
+            if not isinstance(data.get(tbl), dict):
+                raise ProfileError(f"{p}: step.model = \"roofline\" needs a [{tbl}] table")
+        kw["roofline"] = dict(data["roofline"])
+        known = set(RooflineEfficiency().as_dict())
+        unknown = sorted(set(data["efficiency"]) - known)
+        if unknown:
+            raise ProfileError(f"{p}: unknown key efficiency.{unknown[0]} (known: {', '.join(sorted(known))})")
+        kw["efficiency"] = {k: float(v) for k, v in data["efficiency"].items()}
     apc = data["kv"].get("enable_prefix_caching", False)
     if not isinstance(apc, bool):
         raise ProfileError(f"{p}: kv.enable_prefix_caching must be true or false, not {apc!r}")
     kw["enable_prefix_caching"] = apc
     prof = Profile(**kw)
     _validate(prof, p)
+    if prof.roofline:
+        try:
+            prof.step_model  # noqa: B018 - built now, so that a bad table is an error naming the file
+        except (RooflineError, TypeError) as exc:
+            raise ProfileError(f"{p}: {exc}") from None
     return prof
 
 
