@@ -64,6 +64,9 @@ class Profile:
     #: latency the serving front end adds between the engine and the client (request intake, streaming); a
     #: measured profile fits it from time to first token. The simulator adds it to every client-observed time.
     api_overhead_s: float = 0.0
+    #: vLLM's ``--long-prefill-token-threshold`` (``[engine]``): with chunked prefill, the most prompt tokens one
+    #: request prefills in a step (0: no cap beyond the step's token budget)
+    long_prefill_token_threshold: int = 0
     #: automatic prefix caching (``[kv] enable_prefix_caching``; off unless set, so results made without it
     #: stay put, although vLLM V1 enables it by default)
     enable_prefix_caching: bool = False
@@ -187,6 +190,7 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
             kw[k] = tbl[k]
     kw["scheduler"] = str(data["engine"].get("scheduler", "v1"))
     kw["api_overhead_s"] = float(data["step"].get("api_overhead_s", 0.0))
+    kw["long_prefill_token_threshold"] = int(data["engine"].get("long_prefill_token_threshold", 0))
     model = data["step"].get("model", "linear")
     if model not in ("linear", "roofline"):
         raise ProfileError(f"{p}: step.model must be \"linear\" or \"roofline\", not {model!r}")
@@ -222,6 +226,8 @@ def _validate(prof: Profile, p: Path) -> None:
     for k in ("num_kv_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if int(getattr(prof, k)) <= 0:
             raise ProfileError(f"{p}: {k} must be a positive integer")
+    if prof.long_prefill_token_threshold < 0:
+        raise ProfileError(f"{p}: engine.long_prefill_token_threshold must be >= 0")
     if prof.api_overhead_s < 0:
         raise ProfileError(f"{p}: step.api_overhead_s must be >= 0")
     if prof.scheduler not in ("v1", "v0"):

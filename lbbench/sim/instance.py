@@ -124,6 +124,8 @@ class SimInstance:
         self.budget = p.max_num_batched_tokens if self.chunked_prefill else max(
             p.max_num_batched_tokens, p.max_model_len)
         self.max_model_len = min(p.max_model_len, self.num_blocks * self.bs)
+        #: vLLM's --long-prefill-token-threshold: a request's prefill chunk per step is at most this (0: no cap)
+        self.long_prefill_token_threshold = p.long_prefill_token_threshold if self.chunked_prefill else 0
         # V0 without chunked prefill: prefill-only and decode-only steps; admission keeps a 1 % watermark
         self.v0 = p.scheduler == "v0" and not self.chunked_prefill
         self.watermark_blocks = int(0.01 * self.num_blocks) if self.v0 else 0
@@ -482,10 +484,13 @@ class SimInstance:
         fcfs = self.scheduler == "fcfs"
         if cache is None and fcfs:  # the loop below without the cache's steps (V0's prefill-only steps, hot)
             max_seqs, num_blocks, chunked = self.max_num_seqs, self.num_blocks, self.chunked_prefill
+            long_chunk = self.long_prefill_token_threshold
             while waiting and budget > 0 and len(running) < max_seqs:
                 r = waiting[0]
                 computed = r.num_computed
                 need = r.prompt_tokens + r.generated - computed
+                if 0 < long_chunk < need:
+                    need = long_chunk
                 if need > budget:
                     if not chunked:
                         break
@@ -509,6 +514,8 @@ class SimInstance:
                 hit = cache.peek(r)
                 computed, held, taken = hit.blocks * bs, hit.blocks, hit.from_free
             need = r.prompt_tokens + r.generated - computed
+            if 0 < self.long_prefill_token_threshold < need:
+                need = self.long_prefill_token_threshold
             if need > budget:
                 if not self.chunked_prefill:
                     break
@@ -602,6 +609,8 @@ class SimInstance:
                 need = grow = 1
             else:
                 need = min(r.num_tokens - r.num_computed, budget - dec_left)
+                if 0 < self.long_prefill_token_threshold < need:
+                    need = self.long_prefill_token_threshold
                 if need <= 0:
                     i += 1
                     continue

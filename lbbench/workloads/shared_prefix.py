@@ -10,11 +10,13 @@ What kubernetes-sigs/inference-perf generates (``inference_perf/datagen/shared_p
 - single turn: the prompt is the group's system prompt followed by the question (the prompts are shuffled once);
 - multi-turn chat (``enable_multi_turn_chat``): ``N`` user sessions, each holding one group's system prompt as its
   context (the sessions are shuffled once, so a session's system prompt and its question's group are paired at
-  random), request ``i`` belongs to user ``i mod N``, and a user's next request waits until its previous one
-  finished (inference-perf holds a per-user lock): a closed-loop session here (``session_id``, ``turn``).
-  The context does not grow: in the measured runs this workload is checked against (inference-sim's vLLM 0.15.1
-  experiments, 30+ rounds per user at ``max_model_len`` 4,096) the prompt lengths stay within 580-604 tokens and
-  no request failed, so every round of a user sends the same prompt;
+  random), and request ``i`` belongs to user ``i mod N``. Recent inference-perf holds a per-user lock, so that a
+  user's next request waits for its previous one (``user_lock``: a closed-loop session here, ``session_id`` and
+  ``turn``); the measured runs this workload is checked against did not (inference-sim's vLLM 0.15.1 experiments:
+  23 users at 1 request/s with a mean E2E of 40.8 s had about 41 requests in flight, more than there were users),
+  so it is off by default. The context does not grow either: in those runs (30+ rounds per user at
+  ``max_model_len`` 4,096) the prompt lengths stay within 580-604 tokens and no request failed, so every round of a
+  user sends the same prompt;
 - load stages: ``constant`` (evenly spaced) or ``poisson`` arrivals at each stage's rate for its duration, one
   stage after the other.
 
@@ -45,6 +47,8 @@ class SharedPrefixSpec:
     question_tokens: int
     output_tokens: int
     multi_turn: bool = False
+    #: multi-turn only: a user's next request waits until its previous one finished
+    user_lock: bool = False
     block_tokens: int = 16
     prompt_scale: float = 1.0
 
@@ -123,6 +127,6 @@ def shared_prefix_requests(spec: SharedPrefixSpec, stages: list[Stage], seed: in
         p = i % n_prompts
         out.append(Request(first_id + i, float(t), prompt_tokens, spec.output_tokens, task="shared_prefix",
                            prefix_hashes=hashes_of[p] or None, prefix_block_tokens=bs,
-                           session_id=p if spec.multi_turn else None,
-                           turn=i // n_prompts if spec.multi_turn else None))
+                           session_id=p if spec.multi_turn and spec.user_lock else None,
+                           turn=i // n_prompts if spec.multi_turn and spec.user_lock else None))
     return out, stage
