@@ -8,6 +8,9 @@ Two questions, one command:
   ``workload:NAME[?K=V&...]`` (``lbbench.profiling.workload_spec``).
 - **Same workload** (``--workload`` / ``--trace``, no ``--calibrate-on``): the profile as given against live
   replays of one workload (``lbbench.profiling.fidelity``).
+- **Measured GPU runs** (``--measured FILE.csv``): every row of a measured-runs table (public or your own GPU
+  benchmarks, imported by ``lbbench measured import``) simulated and compared, metric by metric
+  (``lbbench.validation``; ``cli/fidelity_measured.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,24 @@ def _placement(urls) -> dict | None:
 
 
 @click.command("fidelity")
-@click.option("--profile", "profile_name", required=True, help="Profile (name or .toml) the simulator runs.")
+@click.option("--profile", "profile_name", default=None,
+              help="Profile (name or .toml) the simulator runs (required unless --measured).")
+@click.option("--measured", default=None, type=click.Path(dir_okay=False),
+              help="Measured runs: simulate every row of this table (the columns of the measured-runs schema) with "
+                   "a profile derived for its model, GPU, TP, dtypes and engine limits, and report the error of "
+                   "every metric it has. No live servers are needed.")
+@click.option("--calibration", default=None, type=click.Path(dir_okay=False),
+              help="With --measured: the efficiency factors to simulate with (lbbench profile fit --measured "
+                   "writes them; default: the calibration shipped with lbbench).")
+@click.option("--prompt-assumption", default=None,
+              help="With --measured: MEAN:CV of the lognormal prompt lengths for rows that give none (default: "
+                   "the documented CNN/DailyMail assumption for MLPerf's Llama-3.1-8B rows).")
+@click.option("--sensitivity", is_flag=True,
+              help="With --measured: also rerun the rows with assumed prompt lengths at means 800 and 1,250.")
+@click.option("--max-mape", default=None,
+              help="With --measured: exit 1 when a metric's MAPE exceeds its bound, e.g. e2e_mean_ms=10,ttft_mean_ms=20.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --measured: experiments simulated in parallel processes.")
 @backend_and_workload_options
 @click.option("--calibrate-on", "calibrate_on", default=None,
               help="Transfer: calibrate the profile on this workload's live replays first: trace:FILE[?K=V&...] or "
@@ -65,7 +85,9 @@ def _placement(urls) -> dict | None:
 @click.option("--port-base", type=click.IntRange(1, 65535), default=8160, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.pass_context
-def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...], launch_model: str | None,
+def fidelity_cmd(ctx: click.Context, profile_name: str | None, measured: str | None, calibration: str | None,
+                 prompt_assumption: str | None, sensitivity: bool, max_mape: str | None, jobs: int,
+                 endpoint: tuple[str, ...], launch_model: str | None,
                  instances: int, cpus_per_instance: int | None, api_server_cores: str, workload: str,
                  trace: str | None,
                  max_prompt_tokens: int | None, prompt_tokens: str, output_tokens: str, calibrate_on: str | None,
@@ -77,8 +99,15 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
     """Replay the same requests live and in the simulator with the same routers; report per router the error
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
     same way (Kendall tau). With --calibrate-on/--check-on: calibrate on one workload, report the errors on
-    others (transfer)."""
+    others (transfer). With --measured: simulate measured GPU runs and report the simulator's error."""
     from ..profiles import load_profile
+
+    if measured is not None:
+        from .fidelity_measured import run_measured
+        run_measured(measured, calibration, prompt_assumption, jobs, out_dir, fmt, sensitivity, max_mape)
+        return
+    if profile_name is None:
+        raise click.UsageError("--profile is required (or give --measured FILE)")
 
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)

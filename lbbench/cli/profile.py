@@ -317,3 +317,8 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
                f"mean E2E live {cal.live_mean_e2e_s:.3f} s, simulated {cal.sim_before['mean_e2e_s']:.3f} s before, "
                f"{cal.sim_after['mean_e2e_s']:.3f} s after")
     click.echo(f"wrote {out}")
+
+
+from .profile_fit import fit_cmd  # noqa: E402 - the subcommand lives in its own module
+
+profile.add_command(fit_cmd)

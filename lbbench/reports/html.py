@@ -31,6 +31,17 @@ img.plot { max-width: 100%; border: 1px solid #ddd; }
 """
 
 
+def figure(png: bytes, caption: str) -> str:
+    """One PNG as an HTML figure with its caption (inline, base64)."""
+    return _img(png, caption)
+
+
+def page(title: str, body: Sequence[str]) -> str:
+    """A self-contained HTML document of ``body`` parts under the report's style."""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{_html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
 def _img(png: bytes, caption: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     cap = _html.escape(caption)
@@ -56,6 +67,4 @@ def to_html(preamble: str, tables: Sequence[Table], figures: Sequence["Plot"] = 
         if items:
             body.append(f"<h2>{title}</h2>")
             body += [_img(f.png, f.caption) for f in items]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<title>lbbench report</title>"
-            f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    return page("lbbench report", body)

@@ -12,6 +12,11 @@ of the model's weights per step (which no decode step can beat), is not a time p
 summaries report such values: their token counts come from re-tokenizing the streamed text); it is flagged,
 replaced by that derived figure, and the row says so.
 
+The same sources count output tokens by re-tokenizing the streamed text, so their per-token figures disagree with
+the output length asked for: when a stage's ``output_tok_s`` is off ``throughput_rps x output_tokens`` by more
+than 10 %, or its ITL was replaced as above, its TPOT percentiles and ``output_tok_s`` are not compared (the row
+says why).
+
 Stages the measurement stopped early (it completed fewer than 90 % of the requests it scheduled: the overloaded
 stages, where inference-perf's run was cut) are cut at their end in the simulation too.
 """
@@ -105,19 +110,32 @@ def simulate_unit(unit: Unit) -> list[dict[str, Any]]:
     for row in setup.rows:
         k = int(number(row, "stage") or 0)
         pred = per_stage[k]
+        itl = number(row, "itl_mean_ms")
+        itl_flag = _checked_itl(row, itl, floor_ms)[1] if itl is not None else None
+        retokenized = itl_flag is not None or _retokenized_counts(row)
         for metric in METRICS:
             meas = number(row, metric)
             row_note = note
             if metric == "itl_mean_ms" and meas is not None:
                 meas, flagged = _checked_itl(row, meas, floor_ms)
                 row_note = "; ".join(x for x in (note, flagged) if x) or None
-            if meas is None:
+            if meas is None or (retokenized and metric in PER_TOKEN):
                 continue
             p = pred.get(metric)
             err = None if p is None or meas == 0 else (p / meas - 1.0) * 100.0
             out.append({**base, "stage": k, "metric": metric, "measured": meas, "predicted": p, "error_pct": err,
                         "note": row_note, "not_covered": None, "sim_wall_s": wall})
     return out
+
+
+#: figures computed from the source's own token counts
+PER_TOKEN = ("tpot_p50_ms", "tpot_p99_ms", "output_tok_s")
+
+
+def _retokenized_counts(row: Any) -> bool:
+    """Whether the row's output-token rate disagrees with its completions x the output length asked for."""
+    tok_s, rps, n_out = number(row, "output_tok_s"), number(row, "throughput_rps"), number(row, "output_tokens")
+    return bool(tok_s and rps and n_out and flag(row, "ignore_eos") and abs(tok_s / (rps * n_out) - 1) > 0.10)
 
 
 def _checked_itl(row: Any, itl_ms: float, floor_ms: float | None) -> tuple[float | None, str | None]:
