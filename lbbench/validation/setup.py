@@ -34,8 +34,16 @@ from ..roofline import RooflineEfficiency
 from ..workloads.lengths import LognormalLength
 from ..workloads.shared_prefix import SharedPrefixSpec, Stage, shared_prefix_requests, stage_arrivals
 
-#: vLLM V1's defaults where a row leaves a limit empty (vllm/config for the OpenAI server on a large GPU)
-V1_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}
+#: vLLM V1's defaults where a row leaves a limit empty: the OpenAI server's batch defaults
+#: (vllm/engine/arg_utils.py EngineArgs.get_batch_defaults): 8,192 tokens and 1,024 sequences on a GPU of 70 GiB or
+#: more that is not an A100 (H100, H200, MI300X), else 2,048 tokens and 256 sequences; memory utilization 0.9
+V1_LARGE_GPU = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+V1_OTHER_GPU = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+V1_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def v1_defaults(gpu) -> dict[str, int]:
+    return V1_LARGE_GPU if gpu.memory_gib >= 70 and not gpu.name.startswith("a100") else V1_OTHER_GPU
 
 
 @dataclass(frozen=True)
@@ -162,13 +170,14 @@ def build_profile(row: Any, eff: RooflineEfficiency, eff_source: str, api_overhe
     tp = int(number(row, "tp") or 1)
     weights = str(value(row, "weights_dtype") or cfg.weights_dtype or "bf16")
     kv = str(value(row, "kv_dtype") or "auto")
+    defaults = v1_defaults(gpu)
     engine = EngineLimits(
-        max_num_seqs=int(number(row, "max_num_seqs") or V1_DEFAULTS["max_num_seqs"]),
-        max_num_batched_tokens=int(number(row, "max_num_batched_tokens") or V1_DEFAULTS["max_num_batched_tokens"]),
+        max_num_seqs=int(number(row, "max_num_seqs") or defaults["max_num_seqs"]),
+        max_num_batched_tokens=int(number(row, "max_num_batched_tokens") or defaults["max_num_batched_tokens"]),
         max_model_len=int(number(row, "max_model_len")) if number(row, "max_model_len") else None,
-        gpu_memory_utilization=number(row, "gpu_memory_utilization") or V1_DEFAULTS["gpu_memory_utilization"],
+        gpu_memory_utilization=number(row, "gpu_memory_utilization") or V1_GPU_MEMORY_UTILIZATION,
         long_prefill_token_threshold=int(number(row, "long_prefill_token_threshold") or 0),
-        enable_prefix_caching=bool(flag(row, "prefix_caching")),
+        enable_prefix_caching=flag(row, "prefix_caching") is not False,  # vLLM V1 enables it by default
         num_gpu_blocks=int(number(row, "gpu_kv_blocks")) if number(row, "gpu_kv_blocks") else None)
     data = derive_roofline_profile(cfg, gpu, tp=tp, weights_dtype=weights, kv_dtype=kv, engine=engine, eff=eff,
                                    eff_source=eff_source, api_overhead_s=api_overhead_s,
