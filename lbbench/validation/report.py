@@ -67,6 +67,10 @@ def render_text(frame: pl.DataFrame, title: str = "Simulator against measured ru
     nc = not_covered(frame)
     lines.append(f"experiments: {n_exp}, stages simulated: {cov.select('id', 'stage').unique().height}, "
                  f"not covered: {nc.height}")
+    walls = frame.group_by("id").agg(pl.col("sim_wall_s").max())["sim_wall_s"].drop_nulls()
+    if walls.len():
+        lines.append(f"simulation time per experiment: median {walls.median():.2f} s, max {walls.max():.2f} s, "
+                     f"total {walls.sum():.1f} s (CPU seconds of the workers; wall time is less with --jobs)")
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, fmt_str_lengths=60, tbl_hide_dataframe_shape=True,
                    tbl_formatting="ASCII_MARKDOWN", tbl_hide_column_data_types=True):
         lines += ["", "MAPE by metric (all rows), % (stages):", str(headline_table(frame))]
