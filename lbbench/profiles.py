@@ -67,6 +67,9 @@ class Profile:
     #: vLLM's ``--long-prefill-token-threshold`` (``[engine]``): with chunked prefill, the most prompt tokens one
     #: request prefills in a step (0: no cap beyond the step's token budget)
     long_prefill_token_threshold: int = 0
+    #: vLLM V1's async scheduling (``[engine] async_scheduling``, the default from vLLM 0.12): step k + 1 is
+    #: scheduled while step k runs, so a request arriving during step k first runs in step k + 2
+    async_scheduling: bool = False
     #: automatic prefix caching (``[kv] enable_prefix_caching``; off unless set, so results made without it
     #: stay put, although vLLM V1 enables it by default)
     enable_prefix_caching: bool = False
@@ -191,6 +194,10 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
     kw["scheduler"] = str(data["engine"].get("scheduler", "v1"))
     kw["api_overhead_s"] = float(data["step"].get("api_overhead_s", 0.0))
     kw["long_prefill_token_threshold"] = int(data["engine"].get("long_prefill_token_threshold", 0))
+    asy = data["engine"].get("async_scheduling", False)
+    if not isinstance(asy, bool):
+        raise ProfileError(f"{p}: engine.async_scheduling must be true or false, not {asy!r}")
+    kw["async_scheduling"] = asy
     model = data["step"].get("model", "linear")
     if model not in ("linear", "roofline"):
         raise ProfileError(f"{p}: step.model must be \"linear\" or \"roofline\", not {model!r}")

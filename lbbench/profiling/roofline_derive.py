@@ -16,7 +16,11 @@ shared expert's widths), rotary embedding (reads and writes Q and K: ``2 x (head
 
 from __future__ import annotations
 
-from ..roofline import RooflineShape
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..roofline import RooflineEfficiency, RooflineShape, RooflineStepModel
 from .gpus import GPU
 from .models import DTYPE_BYTES, ModelConfig
 
@@ -64,3 +68,104 @@ def roofline_shape(model: ModelConfig, gpu: GPU, *, tp: int = 1, weights_dtype: 
         elementwise_bytes_per_token=elem,
         peak_flops=gpu.peak("fp8") if fp8_cores else _peak16(gpu), attn_peak_flops=_peak16(gpu),
         memory_bw_bytes_s=gpu.memory_bw_bytes_s, link_bytes_s=gpu.link_bytes_s)
+
+
+# ---------------------------------------------------------------------------------------------- whole profiles
+@dataclass(frozen=True)
+class EngineLimits:
+    """What an engine was (or will be) launched with; None: vLLM V1's default for the setting."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: 8192 (V1 default for the API server on large GPUs)
+    max_model_len: int | None = None  # None: min(the model's context, 8192)
+    gpu_memory_utilization: float = 0.9
+    long_prefill_token_threshold: int = 0
+    #: vLLM V1's async scheduling (on by default from vLLM 0.12: vllm-project/vllm pull request #27614)
+    async_scheduling: bool = False
+    enable_prefix_caching: bool = False
+    block_size: int = 16
+    #: KV blocks the engine reported (``gpu_kv_blocks``); None: sized as vLLM's memory profiler does
+    num_gpu_blocks: int | None = None
+
+
+def weights_bytes_per_gpu(model: ModelConfig, weights_dtype: str, tp: int) -> float:
+    """Every weight one GPU holds: the blocks in the weights' dtype, embeddings and LM head in 16 bits."""
+    wb = DTYPE_BYTES[weights_dtype]
+    blocks = model.block_params if model.is_moe else model.num_layers * model.params_per_layer
+    other = model.embedding_params + model.lm_head_params + model.hidden_size
+    return (blocks * wb + other * DTYPE_BYTES[ACT_DTYPE]) / tp
+
+
+def derive_roofline_profile(model: ModelConfig, gpu: GPU, *, tp: int = 1, weights_dtype: str = "bf16",
+                            kv_dtype: str = "auto", engine: EngineLimits = EngineLimits(),
+                            eff: RooflineEfficiency = RooflineEfficiency(), eff_source: str = "",
+                            api_overhead_s: float = 0.0, name: str | None = None) -> dict:
+    """A vLLM V1 profile (chunked prefill on) whose step times come from the roofline, as a TOML-ready dict.
+
+    KV blocks: ``engine.num_gpu_blocks`` when the engine reported them, else vLLM's profiler estimate (memory x
+    utilization, less the weights and the activation peak of a ``max_num_batched_tokens`` forward pass)."""
+    from .derive import GIB, DeriveError, activation_peak_bytes  # derive imports this module's neighbours
+
+    if weights_dtype not in DTYPE_BYTES:
+        raise DeriveError(f"weights dtype {weights_dtype!r}: choose from {', '.join(DTYPE_BYTES)}")
+    if kv_dtype not in ("auto", "bf16", "fp16", "fp8"):
+        raise DeriveError(f"kv dtype {kv_dtype!r}: choose from auto, bf16, fp16, fp8")
+    eff.check()
+    shape = roofline_shape(model, gpu, tp=tp, weights_dtype=weights_dtype, kv_dtype=kv_dtype)
+    step = RooflineStepModel(shape, eff)
+    max_model_len = engine.max_model_len or min(model.max_position_embeddings, 8192)
+    mnbt = engine.max_num_batched_tokens or 8192
+    w_bytes = weights_bytes_per_gpu(model, weights_dtype, tp)
+    if engine.num_gpu_blocks:
+        num_blocks = int(engine.num_gpu_blocks)
+        kv_note = f"{num_blocks} blocks as the engine reported them"
+    else:
+        act = activation_peak_bytes(model, ACT_DTYPE, tp, mnbt, engine.max_num_seqs)
+        budget = gpu.memory_gib * GIB * engine.gpu_memory_utilization
+        kv_bytes = budget - w_bytes - act
+        if kv_bytes <= 0:
+            raise DeriveError(f"{model.name} ({weights_dtype}, TP {tp}) does not fit on {gpu.name}: weights "
+                              f"{w_bytes / GIB:.2f} GiB + activations {act / GIB:.2f} GiB exceed {budget / GIB:.2f} "
+                              "GiB; raise the tensor parallelism or use a larger GPU")
+        num_blocks = int(kv_bytes // (shape.kv_bytes_per_token * engine.block_size))
+        kv_note = (f"as vLLM's profiler: {gpu.memory_gib:g} GiB x {engine.gpu_memory_utilization:g}, less "
+                   f"{w_bytes / GIB:.2f} GiB of weights and {act / GIB:.2f} GiB activation peak")
+    # the linear summary: what [step] shows and the paper's mixing estimator reads
+    batch = np.arange(1, engine.max_num_seqs + 1, dtype=np.float64)
+    dec = np.array([step.decode_s(int(b)) for b in batch])
+    slope = float(np.polyfit(batch, dec, 1)[0])
+    base = float(dec[0] - slope)
+    p = min(1024, mnbt)
+    per_prefill_token = step.prefill_s([(0, p)], 0) / p
+    pname = name or f"{model.name}-{gpu.name}" + (f"-tp{tp}" if tp > 1 else "") + (
+        "-fp8" if weights_dtype == "fp8" else "")
+    return {
+        "name": pname,
+        "description": f"{model.name} {weights_dtype} weights, KV {kv_dtype}, on {tp} x {gpu.description} under vLLM "
+                       "(v1 scheduler, chunked prefill on), roofline step model",
+        "model": model.hf_id or model.name,
+        "hardware": f"{tp} x {gpu.description}" if tp > 1 else gpu.description,
+        "step": {"model": "roofline", "base_s": round(base, 7), "prefill_token_s": float(f"{per_prefill_token:.4g}"),
+                 "decode_seq_s": float(f"{max(slope, 0.0):.4g}"),
+                 "context_token_s": float(f"{step.context_token_s:.4g}"), "api_overhead_s": api_overhead_s},
+        "roofline": shape.as_dict(),
+        "efficiency": eff.as_dict(),
+        "kv": {"num_kv_blocks": num_blocks, "block_size": engine.block_size,
+               "enable_prefix_caching": engine.enable_prefix_caching},
+        "engine": {"max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": mnbt,
+                   "max_model_len": max_model_len, "chunked_prefill": True, "scheduler": "v1",
+                   "long_prefill_token_threshold": engine.long_prefill_token_threshold,
+                   "async_scheduling": engine.async_scheduling},
+        "mixing": {"grad1": float(f"{per_prefill_token:.4g}"), "grad2": float(f"{max(slope, 1e-9):.4g}"),
+                   "epsilon": 0.05, "alpha": 0.5, "min_step_s": round(step.decode_s(1), 7)},
+        "physics": {"model_config": model.name, "gpu": gpu.name, "dtype": weights_dtype, "kv_dtype": kv_dtype,
+                    "tp": tp},
+        "source": {
+            "method": "lbbench.profiling.roofline_derive: the roofline of lbbench.roofline over the model config and "
+                      "the GPU table; [step]'s linear coefficients only summarize it (least-squares slope of "
+                      f"decode_s over batch 1..{engine.max_num_seqs}; the prefill cost of a {p}-token prompt)",
+            "efficiency": eff_source or "RooflineEfficiency's stated defaults (not fitted)",
+            "num_kv_blocks": kv_note,
+            "gpu": "; ".join(f"{k}: {v}" for k, v in gpu.sources.items()) + (f"; link: {gpu.link}" if gpu.link else ""),
+        },
+    }

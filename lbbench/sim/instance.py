@@ -67,7 +67,8 @@ class SimRequest:
     __slots__ = ("request", "rid", "prompt_tokens", "output_tokens", "num_computed",
                  "generated", "blocks", "decoding", "c0", "g0", "key", "ranges", "num_preemptions",
                  "first_token_s", "finish_s", "version", "expected", "extra_times",
-                 "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens", "hit_memo")
+                 "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens", "hit_memo",
+                 "eligible_clock")
 
     def __init__(self, request: Request):
         self.request = request
@@ -96,6 +97,7 @@ class SimRequest:
         self.n_named_prev = -1
         self.cached_tokens: int | None = None  # prompt tokens reused at its first admission
         self.hit_memo: tuple | None = None  # (cache version, Hit) of its last lookup
+        self.eligible_clock = 0  # async scheduling: the step clock from which the scheduler can see it
 
     @property
     def num_tokens(self) -> int:
@@ -124,6 +126,9 @@ class SimInstance:
         self.budget = p.max_num_batched_tokens if self.chunked_prefill else max(
             p.max_num_batched_tokens, p.max_model_len)
         self.max_model_len = min(p.max_model_len, self.num_blocks * self.bs)
+        #: vLLM V1's async scheduling (profile ``engine.async_scheduling``): the scheduler plans step k + 1 while
+        #: step k runs, so a request that arrives during step k is first scheduled in step k + 2
+        self.async_scheduling = p.async_scheduling and p.scheduler == "v1"
         #: vLLM's --long-prefill-token-threshold: a request's prefill chunk per step is at most this (0: no cap)
         self.long_prefill_token_threshold = p.long_prefill_token_threshold if self.chunked_prefill else 0
         # V0 without chunked prefill: prefill-only and decode-only steps; admission keeps a 1 % watermark
@@ -218,13 +223,17 @@ class SimInstance:
             r.keys = block_keys(request, self.bs)
         self.waiting.append(r)
         if self.seg_k == 0:
+            r.eligible_clock = self.clock
             self.now_s = max(self.now_s, now_s)
             self._plan(events)
         else:
-            # the step in progress at now_s runs with the old batch; re-plan at its end
+            # the step in progress at now_s runs with the old batch; re-plan at its end (async scheduling: the
+            # next step was planned already, so it runs with the old batch too)
             m = self._steps_done_by(now_s - self.seg_t0)
-            if m + 1 < self.seg_k:
-                self.seg_k = k = m + 1
+            lag = 2 if self.async_scheduling else 1
+            r.eligible_clock = self.clock + m + lag
+            if m + lag < self.seg_k:
+                self.seg_k = k = m + lag
                 self.seg_end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
         return events
 
@@ -349,22 +358,30 @@ class SimInstance:
         events.append(Preempted(r.rid, self.index, now_s))
 
     # ------------------------------------------------------------------ scheduling
-    def _pick_waiting(self) -> SimRequest:
-        if self.scheduler == "fcfs" or len(self.waiting) == 1:
-            return self.waiting[0]
+    def _pick_waiting(self, unseen: bool = False) -> SimRequest | None:
+        """The waiting request the instance scheduler admits next; ``unseen``: only those the (async)
+        scheduler can see already (None when none)."""
+        waiting = self.waiting
+        if unseen:
+            clock = self.clock
+            waiting = [r for r in waiting if r.eligible_clock <= clock]
+            if not waiting:
+                return None
+        if self.scheduler == "fcfs" or len(waiting) == 1:
+            return waiting[0]
         if self.scheduler == "least_work_left":
-            return min(self.waiting, key=lambda r: r.expected - r.generated)
+            return min(waiting, key=lambda r: r.expected - r.generated)
         if self.scheduler == "priority":  # vLLM's priority policy: (priority, arrival) first
-            return min(self.waiting, key=self._priority_key)
+            return min(waiting, key=self._priority_key)
         # bin_packing: the largest request that fits in free memory, FCFS among ties
         free_tokens = (self.num_blocks - self.used_blocks) * self.bs
         best = None
         best_size = -1
-        for r in self.waiting:
+        for r in waiting:
             size = r.num_tokens
             if size <= free_tokens and size > best_size:
                 best, best_size = r, size
-        return best if best is not None else self.waiting[0]
+        return best if best is not None else waiting[0]
 
     #: the priority policy's source of a request's priority (default: its predicted
     #: work, ``lbbench.priority``); an emulated server sets it to what the
@@ -453,6 +470,10 @@ class SimInstance:
                         if fc - clock > 1:
                             k = min(fc - clock, self._max_alloc_steps())
                         break
+                    if self.async_scheduling and waiting and k > 1:  # re-plan when the next arrival is seen
+                        later = [r.eligible_clock for r in waiting if r.eligible_clock > clock]
+                        if later:
+                            k = min(k, min(later) - clock)
                 c = self._c
                 self.seg_a = a = self._decode_s(n) + c * (self.sum_key + n * clock + n)
                 self.seg_b = b = c * n
@@ -485,8 +506,11 @@ class SimInstance:
         if cache is None and fcfs:  # the loop below without the cache's steps (V0's prefill-only steps, hot)
             max_seqs, num_blocks, chunked = self.max_num_seqs, self.num_blocks, self.chunked_prefill
             long_chunk = self.long_prefill_token_threshold
+            unseen = self.async_scheduling and running  # the newest arrivals may not be visible yet
             while waiting and budget > 0 and len(running) < max_seqs:
                 r = waiting[0]
+                if unseen and r.eligible_clock > self.clock:
+                    break
                 computed = r.num_computed
                 need = r.prompt_tokens + r.generated - computed
                 if 0 < long_chunk < need:
@@ -505,8 +529,11 @@ class SimInstance:
                 sched.append((r, need))
                 budget -= need
             return
+        unseen = self.async_scheduling and running
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
-            r = waiting[0] if fcfs else self._pick_waiting()
+            r = waiting[0] if fcfs else self._pick_waiting(unseen)
+            if r is None or (unseen and r.eligible_clock > self.clock):
+                break  # FCFS: the rest arrived later still; otherwise nothing visible is left
             hit = None
             computed, held, taken = r.num_computed, r.blocks, 0
             if cache is not None and computed == 0 and (r.keys or r.own_entry is not None):

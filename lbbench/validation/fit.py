@@ -15,8 +15,10 @@ and attention kernel efficiency) stay as measured on kernels (``lbbench/profilin
 for all the rows fitted.
 
 The loss is the mean over stages of ``|log(predicted / measured)|`` of mean E2E, mean TTFT and mean ITL (each
-metric a third): scale-free, so a 100 ms TTFT counts as much as a 100 s E2E, and bounded growth, so that one
-overloaded stage cannot drown the rest. The search is coordinate descent: for each factor in turn a golden-section
+metric a third): scale-free, so a 100 ms TTFT counts as much as a 100 s E2E, and bounded growth. Stages the
+measurement cut short (overloaded: it completed fewer than 90 % of the requests it scheduled) are left out of the
+loss, as the training set of inference-sim's own fit leaves them out: what they measured depends on when the tool
+stopped, not only on the engine. They are still simulated and reported. The search is coordinate descent: for each factor in turn a golden-section
 search on a log scale inside its bounds, the others held, for a few rounds. A calibration run can simulate only the
 first ``max_stage_s`` seconds of each stage (the result is then checked on full runs).
 
@@ -66,6 +68,8 @@ def loss_of(frame: pl.DataFrame) -> float:
     """Mean |log(predicted / measured)| over the stages and :data:`LOSS_METRICS` (a missing prediction counts
     as a factor of 10)."""
     d = frame.filter(pl.col("metric").is_in(LOSS_METRICS) & pl.col("measured").is_not_null())
+    if "cut" in d.columns:
+        d = d.filter(~pl.col("cut").fill_null(False))
     if d.is_empty():
         return float("nan")
     errs = []

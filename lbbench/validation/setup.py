@@ -141,6 +141,17 @@ def resolve_model(hf_id: str):
     return None
 
 
+def _async_by_default(engine: Any, version: Any) -> bool:
+    """vLLM schedules asynchronously by default from 0.12 (vllm-project/vllm pull request #27614)."""
+    if str(engine or "vllm").lower() != "vllm" or not version:
+        return False
+    try:
+        major, minor = (int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (0, 12)
+
+
 def _stages(rows: Sequence[Any]) -> list[Stage]:
     out = []
     for r in rows:
@@ -178,6 +189,7 @@ def build_profile(row: Any, eff: RooflineEfficiency, eff_source: str, api_overhe
         gpu_memory_utilization=number(row, "gpu_memory_utilization") or V1_GPU_MEMORY_UTILIZATION,
         long_prefill_token_threshold=int(number(row, "long_prefill_token_threshold") or 0),
         enable_prefix_caching=flag(row, "prefix_caching") is not False,  # vLLM V1 enables it by default
+        async_scheduling=_async_by_default(value(row, "engine"), value(row, "engine_version")),
         num_gpu_blocks=int(number(row, "gpu_kv_blocks")) if number(row, "gpu_kv_blocks") else None)
     data = derive_roofline_profile(cfg, gpu, tp=tp, weights_dtype=weights, kv_dtype=kv, engine=engine, eff=eff,
                                    eff_source=eff_source, api_overhead_s=api_overhead_s,

@@ -39,7 +39,7 @@ from .setup import PromptAssumption, Setup, build_setup, flag, mlperf_prompts_fo
 
 #: columns of the frame :func:`simulate_rows` returns
 COLUMNS = ("id", "stage", "metric", "measured", "predicted", "error_pct", "model", "gpu", "tp", "weights_dtype",
-           "source", "note", "not_covered", "sim_wall_s")
+           "source", "note", "not_covered", "sim_wall_s", "cut")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def simulate_unit(unit: Unit) -> list[dict[str, Any]]:
             "source": value(first, "source")}
     if setup.not_covered is not None:
         return [{**base, "stage": None, "metric": None, "measured": None, "predicted": None, "error_pct": None,
-                 "note": None, "not_covered": setup.not_covered, "sim_wall_s": 0.0}]
+                 "note": None, "not_covered": setup.not_covered, "sim_wall_s": 0.0, "cut": None}]
     requests, stage_of, spans = setup.requests, setup.stage_of, setup.stage_spans_s
     scheduled = np.array([r.arrival_s for r in setup.requests])
     cut = []
@@ -123,8 +123,11 @@ def simulate_unit(unit: Unit) -> list[dict[str, Any]]:
                 continue
             p = pred.get(metric)
             err = None if p is None or meas == 0 else (p / meas - 1.0) * 100.0
+            if cut[k]:
+                row_note = "; ".join(x for x in (row_note, "overloaded: the measurement was cut at the stage's end, "
+                                                 "so is the simulation") if x)
             out.append({**base, "stage": k, "metric": metric, "measured": meas, "predicted": p, "error_pct": err,
-                        "note": row_note, "not_covered": None, "sim_wall_s": wall})
+                        "note": row_note, "not_covered": None, "sim_wall_s": wall, "cut": cut[k]})
     return out
 
 
@@ -179,4 +182,6 @@ def _dtype(col: str):
         return pl.Int64
     if col in ("measured", "predicted", "error_pct", "sim_wall_s"):
         return pl.Float64
+    if col == "cut":
+        return pl.Boolean
     return pl.Utf8
