@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..model_facts import ModelFacts
-from ..schema import MeasuredError, MeasuredRow, MeasuredRowError
+from ..schema import MeasuredError, MeasuredRow, MeasuredRowError, format_cell
 from . import aiperf, guidellm, inference_perf, inference_sim_table, lbbench_run, mlperf, vllm_bench
 from .common import Imported, finish, parse_context
 
@@ -85,7 +85,8 @@ def import_measured(kind: str, paths: Sequence[str | Path], context: Mapping[str
     ``column -> value`` (or ``["column=value", ...]``) applied to every row."""
     if kind != "auto" and kind not in KINDS:
         raise MeasuredError(f"unknown kind {kind!r} (known: auto, {', '.join(KINDS)})")
-    ctx = parse_context(context) if not isinstance(context, Mapping) else dict(context)
+    ctx = parse_context(context if not isinstance(context, Mapping)
+                        else [f"{k}={format_cell(v)}" for k, v in context.items()])
     facts = ModelFacts(tuple(Path(d) for d in model_dirs))
     imported = Imported()
     kinds = []
@@ -97,4 +98,6 @@ def import_measured(kind: str, paths: Sequence[str | Path], context: Mapping[str
         kinds.append(k)
         imported.extend(KINDS[k][0](p, facts, ctx))
     rows, problems, notes = finish(imported, ctx)
+    if not rows and not problems:
+        raise MeasuredError(f"{', '.join(str(p) for p in paths)}: no load stage found")
     return ImportReport(rows, problems, notes, kinds)

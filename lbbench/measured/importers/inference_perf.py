@@ -28,7 +28,7 @@ included. A stream of ``n`` tokens then yields ``2 (n + 1)`` timestamps (the ``[
 the inter-token gaps are the microseconds between an event and its blank line, and TPOT is
 ``(E2E - TTFT) / (2n + 1)``: about **half** the time per token. The folders shipped here were written by such a
 version: their ``results/config.yaml`` has no ``enable_multi_turn_chat`` (added 2025-11-24, @4ec6bfd), and
-``(E2E - TTFT) / TPOT`` is ``2n + 1`` to within 0.2 % on every stage (495 for the 247-token codegen stages). That is
+``(E2E - TTFT) / TPOT`` is ``2n + 1`` to within 0.11 % on every stage (495 for the 247-token codegen stages). That is
 why the training summaries give Llama-2-7B FP16 on an H100 a mean TPOT of 3.6 ms, below the ~3.9 ms one read of
 its 13.2 GB of weights takes. The importer tells the two timings apart from the data — ``(E2E - TTFT) / TPOT``
 near ``2n + 1`` (lines) or ``n - 1`` (tokens), ``n`` the tokens each request generated — and rescales a line-timed
