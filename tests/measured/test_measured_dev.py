@@ -193,3 +193,13 @@ def test_imported_rows_raise_no_flag(imported):
     rows = [r for rep in imported for r in rep.rows]
     rep = check_rows(rows, facts=ModelFacts(tuple(MODEL_DIRS)))
     assert rep.flags == []
+
+
+def test_mlperf_offline_is_a_burst(shared):
+    """Offline: 40,104 samples issued at once; the harness reported them together (887.1-888.6 s), so no E2E."""
+    rep = import_measured("mlperf", [SERVER.parent / "Offline"], ["weights_dtype=fp8"], MODEL_DIRS)
+    (row,) = rep.rows
+    assert (row.id, row.arrival, row.rate_rps, row.requests, row.throughput_rps, row.output_tok_s) == (
+        "mlperf-v5.1-redhat-h100-offline", "burst", None, 40104, 45.1334, 5777.08)
+    assert (row.max_num_seqs, row.max_num_batched_tokens, row.kv_dtype, row.e2e_mean_ms) == (1024, 4096, "fp8", None)
+    assert any("reported them together" in n for n in rep.notes)

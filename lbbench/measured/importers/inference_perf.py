@@ -226,9 +226,9 @@ def _stage(p: Path, m: dict, values: dict, st: dict, out: Imported) -> dict[str,
     if values.get("ignore_eos") and values.get("output_tokens") and row["throughput_rps"] is not None:
         row["output_tok_s"] = round(row["throughput_rps"] * values["output_tokens"], 2)
         if reported is not None and abs(reported - row["output_tok_s"]) > 0.02 * row["output_tok_s"]:
+            per = f" ({out_len:.1f} tokens a request)" if out_len is not None else ""
             out.notes.append(f"{name}: output_tok_s {row['output_tok_s']:g} = throughput x {values['output_tokens']} "
-                             f"tokens (ignore_eos); inference-perf's {reported:.1f} counts the re-tokenized text "
-                             f"({out_len:.1f} tokens a request)")
+                             f"tokens (ignore_eos); inference-perf's {reported:.1f} counts the re-tokenized text{per}")
     else:
         row["output_tok_s"] = rounded(reported, 2)
     failed = (m.get("failures") or {}).get("count") or 0

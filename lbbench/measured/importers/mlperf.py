@@ -17,7 +17,9 @@ A scenario folder holds ``mlperf_log_detail.txt`` (``:::MLLOG {json}`` lines; re
   offered Poisson rate as realised; the target is ``target_qps``), "Completed tokens per second" -> ``output_tok_s``;
   ``generated_query_duration`` -> ``duration_s``;
 - Offline: every sample is issued at once (``arrival = burst``); ``duration_s`` is the longest latency (the time to
-  finish them all), ``throughput_rps`` and ``output_tok_s`` are "Samples per second" and "Tokens per second".
+  finish them all), ``throughput_rps`` and ``output_tok_s`` are "Samples per second" and "Tokens per second"; when
+  even the shortest latency exceeds half the longest, the harness reported the samples together at the end (the
+  shipped Red Hat run: 887.1-888.6 s) and the latencies say nothing of each sample, so E2E is left empty.
 
 **Setup.** The benchmark is identified from ``mlperf.conf`` (the one whose performance sample count, token-latency
 setting and Server TTFT/TPOT limits match the log); a benchmark in :data:`BENCHMARKS` gives the model, the output
@@ -266,7 +268,7 @@ def read(path: Path, facts: ModelFacts, context: Mapping[str, Any]) -> Imported:
         out.notes.append(f"{path}: loadgen marks the result {log['result_validity']}")
     if log.get("num_errors"):
         out.notes.append(f"{path}: loadgen counted {log['num_errors']} errors")
-    metrics = _metrics(log, scenario)
+    metrics = _metrics(log, scenario, out.notes, path)
     if metrics is None:
         out.problems.append(MeasuredRowError(origin, f"scenario {scenario or '?'!r}: only Server (Poisson) and "
                                                      "Offline (all at once) have an arrival kind in the schema",
@@ -323,7 +325,7 @@ def _benchmark(path: Path, log: dict, out: Imported) -> dict[str, Any]:
     return {}
 
 
-def _metrics(log: dict, scenario: str) -> dict[str, Any] | None:
+def _metrics(log: dict, scenario: str, notes: list[str], path: Path) -> dict[str, Any] | None:
     def pct(fmt: str, p: str) -> float | None:
         return ns_to_ms(log.get(fmt.format(p)))
 
@@ -343,7 +345,11 @@ def _metrics(log: dict, scenario: str) -> dict[str, Any] | None:
                 "throughput_rps": rounded(log.get("result_completed_samples_per_sec")),
                 "output_tok_s": rounded(log.get("result_completed_tokens_per_second"), 2)}
     if scenario == "Offline":
-        longest = log.get("result_max_latency_ns")
+        longest, shortest = log.get("result_max_latency_ns"), log.get("result_min_latency_ns")
+        if longest and shortest and shortest > 0.5 * longest:
+            notes.append(f"{path}: every sample completed between {shortest / 1e9:.1f} and {longest / 1e9:.1f} s: the "
+                         "harness reported them together, not as each finished, so E2E is left empty")
+            e2e = {}
         return {"arrival": "burst", "rate_rps": None, "requests": requests, **e2e,
                 "duration_s": None if longest is None else round(float(longest) / 1e9, 3),
                 "throughput_rps": rounded(log.get("result_samples_per_second")),
