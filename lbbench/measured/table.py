@@ -87,7 +87,8 @@ def _row(path: Path, n: int, header: Sequence[str], cells: Sequence[str], seen: 
 
 def _csv_records(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        with path.open(encoding="utf-8-sig", newline="") as f:  # no newline translation: "\r" in a cell stays
+            text = f.read()
     except UnicodeDecodeError as exc:
         raise MeasuredError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
@@ -162,8 +163,12 @@ def write_measured(rows: Sequence[MeasuredRow], path: str | Path) -> Path:
         return p
     with p.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
+        # csv quotes a field holding the line terminator ("\n"), not one holding a lone "\r", which a reader takes
+        # for a line end: such a row is written with every field quoted
+        quoted = csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_ALL)
         w.writerow([*COLUMN_NAMES, *extras])
         for r in rows:
             ex = dict(r.extra)
-            w.writerow([*(format_cell(getattr(r, name)) for name in COLUMN_NAMES), *(ex.get(x, "") for x in extras)])
+            cells = [*(format_cell(getattr(r, name)) for name in COLUMN_NAMES), *(ex.get(x, "") for x in extras)]
+            (quoted if any("\r" in c for c in cells) else w).writerow(cells)
     return p
