@@ -99,7 +99,7 @@ def _add_optional_commands() -> None:
                        ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile",)),
                        ("lbbench.cli.fidelity", ("fidelity",)), ("lbbench.cli.proxy", ("proxy",)),
                        ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",)),
-                       ("lbbench.cli.headroom", ("headroom",))):
+                       ("lbbench.cli.headroom", ("headroom",)), ("lbbench.cli.measured", ("measured",))):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
