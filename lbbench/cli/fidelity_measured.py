@@ -17,11 +17,12 @@ def run_measured(measured: str, calibration: str | None, prompt_assumption: str 
 
     from ..validation.calibration import load_calibration
     from ..validation.report import mape_by, render_text, write_outputs
-    from ..validation.rows import read_rows
-    from ..validation.setup import MLPERF_CNNDM_PROMPTS, PromptAssumption
+    from ..measured.table import read_measured
+    from ..validation.setup import MLPERF_CNNDM_PROMPTS, PromptAssumption, value
     from ..validation.simulate import simulate_rows
 
-    rows = read_rows(measured)
+    table = read_measured(measured, strict=False)  # the good rows run; each bad one is reported below
+    rows = table.rows
     cal = load_calibration(calibration)
     prompts = _prompt_assumption(prompt_assumption) if prompt_assumption else None
     frame = simulate_rows(rows, cal.eff, eff_source=cal.describe(), api_overhead_s=cal.api_overhead_s,
@@ -32,7 +33,8 @@ def run_measured(measured: str, calibration: str | None, prompt_assumption: str 
         base = prompts or MLPERF_CNNDM_PROMPTS
         for mean in (800.0, 1250.0):
             alt = PromptAssumption(mean, base.cv, base.lo, base.hi, f"{base.source}, mean moved to {mean:g}")
-            f2 = simulate_rows([r for r in rows if not r.get("prompt_tokens_mean") and not r.get("prefix_groups")],
+            f2 = simulate_rows([r for r in rows if value(r, "prompt_tokens_mean") is None
+                                and value(r, "prefix_groups") is None],
                                cal.eff, api_overhead_s=cal.api_overhead_s, prompts=alt, jobs=jobs)
             extra.append((mean, f2))
     if out_dir is not None:
@@ -50,6 +52,10 @@ def run_measured(measured: str, calibration: str | None, prompt_assumption: str 
                 click.echo(f"\nPrompt-length sensitivity, assumed mean {mean:g} tokens:")
                 for i, m, meas, pred, err in d.select("id", "metric", "measured", "predicted", "error_pct").iter_rows():
                     click.echo(f"  {i} {m}: measured {meas:.1f}, simulated {pred:.1f} ({err:+.1f} %)")
+    for problem in table.problems:
+        click.echo(f"Error: {problem}", err=True)
+    if table.problems:
+        raise SystemExit(2)
     if max_mape:
         _gate(frame, max_mape)
 

@@ -42,7 +42,8 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
     from ..validation.calibration import Calibration, load_calibration, write_calibration
     from ..validation.fit import cross_validate, fit
     from ..validation.report import render_text, write_outputs
-    from ..validation.rows import read_rows
+    from ..measured.table import read_measured
+    from ..validation.setup import value
     from ..validation.simulate import simulate_rows
 
     names = [p.strip() for p in params.split(",") if p.strip()]
@@ -53,15 +54,16 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
     for c in by:
         if c not in ("model", "gpu", "tp"):
             raise InputError(f"cross_validate: unknown column {c!r} (choose from model, gpu, tp)")
-    rows = read_rows(measured)
+    rows = read_measured(measured).rows
     cal0 = load_calibration(start)
     say = lambda m: click.echo(f"  {m}", err=True)  # noqa: E731
     with get_executor(jobs) as ex:
         res = fit(rows, cal0.eff, api_overhead_s=cal0.api_overhead_s, params=names, rounds=rounds,
                   max_stage_s=max_stage_s, executor=ex, progress=say)
-        gpus = sorted({str(r.get("gpu")) for r in rows})
-        engines = sorted({f"{r.get('engine')} {r.get('engine_version')}" for r in rows})
-        info = {"fitted_on": f"{Path(measured).name}: {len({r['id'] for r in rows})} experiments, {len(rows)} stages; "
+        gpus = sorted({str(value(r, "gpu")) for r in rows})
+        engines = sorted({f"{value(r, 'engine')} {value(r, 'engine_version')}" for r in rows})
+        info = {"fitted_on": f"{Path(measured).name}: {len({value(r, 'id') for r in rows})} experiments, "
+                             f"{len(rows)} stages; "
                              f"GPUs {', '.join(gpus)}; {', '.join(engines)}",
                 "method": f"lbbench profile fit: coordinate descent over {', '.join(names)}, {rounds} rounds, "
                           "loss = mean |log(predicted / measured)| of mean E2E, TTFT and ITL per stage",

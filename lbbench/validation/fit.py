@@ -36,7 +36,7 @@ import polars as pl
 
 from ..roofline import RooflineEfficiency
 from .setup import value
-from .simulate import simulate_rows
+from .simulate import simulate_rows, stage_was_cut
 
 #: what is fitted, with the bounds of the search (the efficiency factors' physical range, overheads in seconds)
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
@@ -89,6 +89,8 @@ def fit(rows: Sequence[Any], start: RooflineEfficiency, *, api_overhead_s: float
         executor: Any = None, progress: Callable[[str], None] | None = None) -> FitResult:
     """Coordinate descent of ``params`` from ``start`` on ``rows`` (see the module docstring)."""
     cache: dict[tuple, float] = {}
+    cut_ids = {str(value(r, "id")) for r in rows if stage_was_cut(r)}
+    rows = [r for r in rows if str(value(r, "id")) not in cut_ids]  # not in the loss: no need to simulate them
 
     def evaluate(eff: RooflineEfficiency, api: float) -> float:
         key = (tuple(sorted(eff.as_dict().items())), api)

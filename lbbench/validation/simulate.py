@@ -85,10 +85,7 @@ def simulate_unit(unit: Unit) -> list[dict[str, Any]]:
                  "note": None, "not_covered": setup.not_covered, "sim_wall_s": 0.0, "cut": None}]
     requests, stage_of, spans = setup.requests, setup.stage_of, setup.stage_spans_s
     scheduled = np.array([r.arrival_s for r in setup.requests])
-    cut = []
-    for row, (a, b) in zip(setup.rows, spans):
-        done, n = number(row, "throughput_rps"), number(row, "requests")
-        cut.append(bool(done is not None and n and done * (b - a) < 0.9 * n))
+    cut = [stage_was_cut(row, b - a) for row, (a, b) in zip(setup.rows, spans)]
     if unit.max_stage_s is not None:  # a shortened run (calibration): the first max_stage_s of each stage
         keep = [i for i, r in enumerate(requests)
                 if r.arrival_s - spans[int(stage_of[i])][0] < unit.max_stage_s]
@@ -139,6 +136,13 @@ def _retokenized_counts(row: Any) -> bool:
     """Whether the row's output-token rate disagrees with its completions x the output length asked for."""
     tok_s, rps, n_out = number(row, "output_tok_s"), number(row, "throughput_rps"), number(row, "output_tokens")
     return bool(tok_s and rps and n_out and flag(row, "ignore_eos") and abs(tok_s / (rps * n_out) - 1) > 0.10)
+
+
+def stage_was_cut(row: Any, duration_s: float | None = None) -> bool:
+    """Whether the measurement completed fewer than 90 % of the requests it scheduled in the stage."""
+    done, n = number(row, "throughput_rps"), number(row, "requests")
+    dur = duration_s if duration_s is not None else number(row, "duration_s")
+    return bool(done is not None and n and dur and done * dur < 0.9 * n)
 
 
 def _checked_itl(row: Any, itl_ms: float, floor_ms: float | None) -> tuple[float | None, str | None]:

@@ -55,3 +55,11 @@ def test_bad_calibration_file_names_the_key(small_table, tmp_path):
 def test_mape_gate_fails_the_run(small_table):
     res = CliRunner().invoke(main, ["fidelity", "--measured", str(small_table), "--max-mape", "e2e_mean_ms=0.001"])
     assert res.exit_code == 1 and "e2e_mean_ms MAPE" in res.output
+
+
+def test_a_bad_row_is_reported_the_good_ones_run_and_the_exit_is_2(tmp_path):
+    path = write_rows(tmp_path / "m.csv", [shared_prefix_row(), shared_prefix_row(id="exp-b", tp="two")])
+    res = CliRunner().invoke(main, ["fidelity", "--measured", str(path)])
+    assert res.exit_code == 2
+    assert "experiments: 1, stages simulated: 1" in res.stdout
+    assert "row 2 (id=exp-b, stage=0), column tp" in res.stderr
