@@ -53,8 +53,10 @@ class RooflineEfficiency:
 
     #: share of peak bandwidth reached streaming weights through GEMMs (small batches)
     weight_bw_util: float = 0.7
-    #: share of peak FLOP/s reached by large GEMMs
+    #: share of peak FLOP/s reached by large GEMMs (16-bit)
     prefill_mfu: float = 0.65
+    #: share of the FP8 peak reached by large FP8 GEMMs (W8A8 with per-tensor scales; measured lower than 16-bit)
+    fp8_mfu: float = 0.55
     #: soft-roofline sharpness (how abruptly memory-bound hands over to compute-bound)
     sharpness: float = 1.34
     #: share of peak bandwidth reached reading the KV cache in decode attention
@@ -71,7 +73,7 @@ class RooflineEfficiency:
     allreduce_bw_util: float = 0.7
 
     def check(self, origin: str = "roofline") -> None:
-        for name in ("weight_bw_util", "prefill_mfu", "kv_bw_util", "attn_mfu", "allreduce_bw_util"):
+        for name in ("weight_bw_util", "prefill_mfu", "fp8_mfu", "kv_bw_util", "attn_mfu", "allreduce_bw_util"):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise RooflineError(f"{origin}: {name} {v} is outside (0, 1]")
@@ -109,13 +111,15 @@ class RooflineShape:
     attn_flops_per_token_pair: float  # 4 x layers x query heads x head_dim / TP
     elementwise_bytes_per_token: float  # fused norms, activation, rotary embedding: bytes moved per token, all layers
     peak_flops: float  # the weights' GEMM dtype
-    attn_peak_flops: float  # attention runs in 16 bits
+    attn_peak_flops: float  # attention (and the LM head) run in 16 bits
     memory_bw_bytes_s: float
     link_bytes_s: float
+    #: 1 when the block GEMMs run on FP8 tensor cores (FP8 weights and activations), else 0
+    fp8_gemms: float = 0.0
 
     @classmethod
     def from_table(cls, table: dict[str, Any], origin: str = "roofline") -> "RooflineShape":
-        kw = {}
+        kw = {"fp8_gemms": float(table.get("fp8_gemms", 0.0))}
         for key in _SHAPE_KEYS:
             if key not in table:
                 raise RooflineError(f"{origin}: missing key roofline.{key}")
@@ -145,7 +149,9 @@ class RooflineStepModel:
         self.shape, self.eff = shape, eff
         bw, peak = shape.memory_bw_bytes_s, shape.peak_flops
         self._mem = 1.0 / (eff.weight_bw_util * bw)  # seconds per weight byte
-        self._flop = 1.0 / (eff.prefill_mfu * peak)  # seconds per GEMM FLOP
+        gemm_mfu = eff.fp8_mfu if shape.fp8_gemms else eff.prefill_mfu
+        self._flop = 1.0 / (gemm_mfu * peak)  # seconds per block-GEMM FLOP
+        self._flop16 = 1.0 / (eff.prefill_mfu * shape.attn_peak_flops)  # the LM head's, in 16 bits
         self._p = eff.sharpness
         self.context_token_s = shape.kv_bytes_per_token / (eff.kv_bw_util * bw)
         self._attn_flop = shape.attn_flops_per_token_pair / (eff.attn_mfu * shape.attn_peak_flops)
@@ -184,7 +190,7 @@ class RooflineStepModel:
             moe_flops = 2.0 * (s.moe_fixed_params + k * s.expert_params) * t
             out += s.num_moe_layers * self._smax(moe_bytes * mem, moe_flops * flop)
         if num_sampled > 0:
-            out += self._smax(s.lm_head_bytes * mem, 2.0 * s.lm_head_params * num_sampled * flop)
+            out += self._smax(s.lm_head_bytes * mem, 2.0 * s.lm_head_params * num_sampled * self._flop16)
         return out
 
     def step_s(self, num_tokens: float, num_sampled: float) -> float:

@@ -147,3 +147,17 @@ def test_bad_table_names_the_key():
         RooflineShape.from_table(bad, "p.toml")
     with pytest.raises(RooflineError, match="weight_bw_util"):
         RooflineEfficiency(weight_bw_util=1.5).check()
+
+
+def test_fp8_gemms_use_their_own_efficiency_and_the_lm_head_stays_16_bit():
+    model = load_model_config("llama-3.1-8b")
+    s = _no_elementwise(roofline_shape(model, get_gpu("h100"), weights_dtype="fp8"))
+    assert s.fp8_gemms == 1.0
+    eff = RooflineEfficiency(**{**HARD.as_dict(), "fp8_mfu": 0.4})
+    m = RooflineStepModel(s, eff)
+    # 8192 tokens, compute-bound: block GEMMs at 0.4 x 1,979 TFLOP/s; the LM head (one sampled sequence,
+    # memory-bound) reads 16-bit weights; attention at 0.25 x 989 TFLOP/s
+    gemm = 2 * 32 * (41_943_040 + 176_160_768) * 8192 / (0.4 * 1979e12)
+    lm = 128256 * 4096 * 2 / (0.5 * 3350e9)
+    attn = 4 * 32 * 32 * 128 * 8192 * (8193 / 2) / (0.25 * 989e12)
+    assert m.decode_s(0) + m.prefill_s([(0, 8192)], 0) == pytest.approx(0.001 + gemm + lm + attn, rel=1e-12)

@@ -67,7 +67,7 @@ def roofline_shape(model: ModelConfig, gpu: GPU, *, tp: int = 1, weights_dtype: 
         attn_flops_per_token_pair=4.0 * model.num_layers * model.num_heads * hd / tp,
         elementwise_bytes_per_token=elem,
         peak_flops=gpu.peak("fp8") if fp8_cores else _peak16(gpu), attn_peak_flops=_peak16(gpu),
-        memory_bw_bytes_s=gpu.memory_bw_bytes_s, link_bytes_s=gpu.link_bytes_s)
+        memory_bw_bytes_s=gpu.memory_bw_bytes_s, link_bytes_s=gpu.link_bytes_s, fp8_gemms=1.0 if fp8_cores else 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- whole profiles
