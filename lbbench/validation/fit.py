@@ -18,7 +18,9 @@ The loss is the mean over stages of ``|log(predicted / measured)|`` of mean E2E,
 metric a third): scale-free, so a 100 ms TTFT counts as much as a 100 s E2E, and bounded growth. Stages the
 measurement cut short (overloaded: it completed fewer than 90 % of the requests it scheduled) are left out of the
 loss, as the training set of inference-sim's own fit leaves them out: what they measured depends on when the tool
-stopped, not only on the engine. They are still simulated and reported. The search is coordinate descent: for each factor in turn a golden-section
+stopped, not only on the engine. They are still simulated and reported. Rows whose prompt lengths the source does not
+publish (MLPerf's, simulated under a stated assumption) are left out of the fit too: a calibration must not
+absorb an assumption about the workload; they are checks. The search is coordinate descent: for each factor in turn a golden-section
 search on a log scale inside its bounds, the others held, for a few rounds. A calibration run can simulate only the
 first ``max_stage_s`` seconds of each stage (the result is then checked on full runs).
 
@@ -35,7 +37,7 @@ from typing import Any, Callable, Sequence
 import polars as pl
 
 from ..roofline import RooflineEfficiency
-from .setup import value
+from .setup import value, workload_assumed
 from .simulate import simulate_rows, stage_was_cut
 
 #: what is fitted, with the bounds of the search (the efficiency factors' physical range, overheads in seconds)
@@ -89,7 +91,7 @@ def fit(rows: Sequence[Any], start: RooflineEfficiency, *, api_overhead_s: float
         executor: Any = None, progress: Callable[[str], None] | None = None) -> FitResult:
     """Coordinate descent of ``params`` from ``start`` on ``rows`` (see the module docstring)."""
     cache: dict[tuple, float] = {}
-    cut_ids = {str(value(r, "id")) for r in rows if stage_was_cut(r)}
+    cut_ids = {str(value(r, "id")) for r in rows if stage_was_cut(r) or workload_assumed(r)}
     rows = [r for r in rows if str(value(r, "id")) not in cut_ids]  # not in the loss: no need to simulate them
 
     def evaluate(eff: RooflineEfficiency, api: float) -> float:

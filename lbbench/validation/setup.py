@@ -258,6 +258,12 @@ def build_setup(key: str, rows: Sequence[Any], eff: RooflineEfficiency, *, eff_s
     return setup
 
 
+def workload_assumed(row: Any) -> bool:
+    """Whether simulating the row needs an assumption about its prompts (it gives neither a shared-prefix
+    description nor a measured mean prompt length)."""
+    return number(row, "prefix_groups") is None and number(row, "prompt_tokens_mean") is None
+
+
 def mlperf_prompts_for(row: Any) -> PromptAssumption | None:
     """The prompt assumption for a row from MLPerf's Llama-3.1-8B benchmark, else None."""
     src = str(value(row, "source") or "").lower()
