@@ -184,6 +184,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "flags must ask for the same units (workload, requests, seeds, routers, rates, fleet, ...); a "
                    "setting that differs is named.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--wide", is_flag=True, default=False,
+              help="Every summary column (TBT, router wait, throughput, goodput, the gain over the strongest "
+                   "baseline, ...), not only those that fit a 120-column terminal.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL[@PROFILE]",
               help="Attach to a running OpenAI-compatible server (repeat per instance). URL@PROFILE: routers may "
                    "assume that profile of it (its KV tokens, max_num_seqs, speed), for a mixed live fleet; "
@@ -309,7 +312,7 @@ def run_cmd(**kw: Any) -> None:
     finally:
         if executor is not None:
             executor.close()
-    _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete)
+    _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete, kw["wide"])
     _say_rejections(out_dir / "requests.parquet", profile)
     if not outcome.complete:
         sys.exit(130)
@@ -397,16 +400,31 @@ def _rates(value: str | None) -> list[float]:
     return out
 
 
+#: every summary column (``--wide``), in order, with its header
 _COLUMNS = [
     ("mean_e2e_s", "mean E2E (s)"), ("improvement_vs_round_robin_pct", "vs RR (%)"),
     ("vs_best_baseline_pct", "vs best (%)"), ("p50_e2e_s", "p50 E2E"), ("p99_e2e_s", "p99 E2E"),
-    ("mean_ttft_s", "TTFT"), ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"),
+    ("mean_ttft_s", "mean TTFT"), ("p99_ttft_s", "p99 TTFT"), ("mean_tbt_s", "TBT"), ("p99_tbt_s", "p99 TBT"),
     ("mean_router_wait_s", "router wait"), ("router_wait_max_s", "max wait"), ("preemptions", "preempt."),
     ("throughput_tokens_per_s", "tok/s"), ("goodput_per_s", "goodput/s"), ("slo_attainment", "met SLO"),
     ("completed", "done"), ("failed", "failed"),
 ]
 _LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", "lag p99 (ms)"),
                  ("achieved_rate_per_s", "achieved/s"), ("requested_rate_per_s", "requested/s")]
+#: the default table: what an engineer choosing a router reads first, so that it fits a 120-column terminal
+_DEFAULT = {"mean_e2e_s", "improvement_vs_round_robin_pct", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s",
+            "preemptions", "achieved_rate_per_s"}
+
+
+def summary_columns(summary: Any, cfg: RunConfig, wide: bool) -> list[tuple[str, str]]:
+    """The summary table's (column, header) pairs: with ``wide`` every one; else the default set, plus "met SLO"
+    when an SLO was given and "failed" when a request failed."""
+    failed = "failed" in summary.columns and bool((summary["failed"].fill_null(0) > 0).any())
+    shown = _DEFAULT | ({"slo_attainment"} if cfg.slo else set()) | ({"failed"} if failed else set())
+    cols = [c for c in _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else []) if wide or c[0] in shown]
+    if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
+        cols.append(("saturated", "saturated"))
+    return cols
 
 
 def _fmt(col: str, v: Any) -> str:
@@ -423,17 +441,12 @@ def _fmt(col: str, v: Any) -> str:
     return cell(v)
 
 
-def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, complete: bool) -> None:
-    if fmt == "json":
-        click.echo(to_json(summary))
-        return
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+def summary_table(summary: Any, cfg: RunConfig, complete: bool = True, wide: bool = False) -> Table:
+    """The run's summary as a rich table: one row per router (and variant), the columns of ``summary_columns``."""
     from ..routers.registry import needs_simulator
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
-    cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
-    if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
-        cols = cols + [("saturated", "saturated")]
+    cols = summary_columns(summary, cfg, wide)
     fleet = cfg.fleet_of()
     where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
              else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
@@ -453,16 +466,31 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         cells = [e2e] + [_fmt(c, row.get(c)) for c, _ in cols[1:]]
         table.add_row(*[str(row[k]) for k in keys], row["router"] + (" (oracle)" if row["router"] in oracles else ""),
                       *cells)
-    console.print(table)
+    return table
+
+
+def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, complete: bool,
+                   wide: bool = False) -> None:
+    if fmt == "json":
+        click.echo(to_json(summary))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    from ..routers.registry import needs_simulator
+    oracles = [r for r in cfg.routers if needs_simulator(r)]
+    keys = [k for k in cfg.group_keys() if k != "router"]
+    console.print(summary_table(summary, cfg, complete, wide))
     for name in oracles:
         console.print(f"{name} is an oracle planner, not deployable: it sees true lengths and future arrivals")
     refs = summary["best_baseline"].drop_nulls().unique(maintain_order=True).to_list() \
         if "best_baseline" in summary.columns else []
-    if refs:
+    if wide and refs:
         console.print(f"vs best = against the strongest baseline combination ({', '.join(refs)}), paired by seed; "
                       + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
+    elif cfg.slo:
+        console.print(f"met SLO = share of requests within {_slo_text(cfg)}")
     if keys:
         _print_pivot(console, summary, keys)
+    fleet = cfg.fleet_of()
     if not fleet.is_uniform and (out_dir / "requests.parquet").is_file():  # how each kind of instance fared
         import polars as pl
 
@@ -470,7 +498,9 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         from ..reports.tables import instances_table
         to_rich([instances_table(pl.scan_parquet(out_dir / "requests.parquet"), cfg.group_keys())], console)
     more = ", decisions.parquet" if (out_dir / "decisions.parquet").is_file() else ""
-    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet{more}, run.toml[/dim]")
+    hint = "" if wide else f"; more columns: --wide, or lbbench report {out_dir}"
+    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet{more}, run.toml{hint}[/dim]",
+                  highlight=False)
 
 
 def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
