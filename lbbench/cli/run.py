@@ -1,7 +1,8 @@
 """``lbbench run``: flags -> ``RunConfig`` -> ``run_experiment`` -> a table.
 
 Everything a run does is the library's (``lbbench.experiment``): this module only turns flags into the typed
-config, draws progress, and renders the summary. Simulated and live runs take the same path.
+config, draws progress, and renders the summary. Simulated and live runs take the same path. A scenario file
+(``--config``) and a recorded run (``--from``) give the flags their defaults (``lbbench.cli.scenario``).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..distributed import UnitError, get_executor
+from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
 from ..live.saturation import DEFAULT_WINDOW_S
 from ..reports.render import cell
 from .common import err_console
 from .find_rate import find_rate_cli
+from .scenario import name_the_source, scenario_options
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
 from .trace import trace_transform_options
 
@@ -123,6 +126,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 
 
 @click.command("run")
+@scenario_options(lambda kw: config_from_flags(dict(kw)))
 @click.option("--profile", default=None,
               help="Profile name (see `lbbench profiles`) or path to a profile TOML  [default: llama2-7b-v100].")
 @click.option("--instances", type=click.IntRange(min=1), default=None,
@@ -269,6 +273,8 @@ def run_cmd(**kw: Any) -> None:
     \b
     Examples:
       lbbench run                                              # paper setup: 4 x V100, paper-mix, 20 req/s
+      lbbench run --config bench.toml --out nightly/today      # a scenario file (flags override it)
+      lbbench run --from runs/demo --out runs/demo-again       # repeat what runs/demo/run.toml recorded
       lbbench run --router round_robin,jsq,least_requests --instance-scheduler fcfs,priority --seeds 5
       lbbench run --profile llama3.1-8b-a100 --trace azure.csv --rate 2,5,10 --slo ttft=1,e2e=30
       lbbench run --router round_robin,jsq,min_min --rate 10,20,30 --seeds 5 --ray   # units as Ray tasks
@@ -278,6 +284,13 @@ def run_cmd(**kw: Any) -> None:
       lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
       lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
     """
+    try:
+        _run(kw)
+    except InputError as exc:  # a value from a scenario file or a repeated run: say where it came from
+        raise name_the_source(click.get_current_context(), exc) from None
+
+
+def _run(kw: dict[str, Any]) -> None:
     from ..profiles import load_profile
 
     if kw["find_rate"]:
@@ -287,6 +300,8 @@ def run_cmd(**kw: Any) -> None:
     profile = load_profile(cfg.profile)
     cfg.check(profile)  # before any long work starts
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else default_out_dir(cfg)
+    if kw.get("from_run") and out_dir.resolve() == Path(kw["from_run"]).resolve():
+        raise ConfigError(f"--out {out_dir}: that is the run --from repeats; give another directory")
     resume = kw.get("resume")
     if resume is not None:
         out_dir = _resume_dir(resume, kw["out_dir"])
