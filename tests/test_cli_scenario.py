@@ -101,7 +101,8 @@ def test_a_scenario_file_runs_what_its_flags_would(tmp_path):
     ("chunked-prefill = 'maybe'", "bench.toml: chunked-prefill: 'maybe' is not one of 'profile', 'on', 'off', 'both'."),
     ("seeds = 0", "bench.toml: seeds: 0 is not in the range x>=1."),
     ("seeds = [0, 2]", "bench.toml: seeds: an array of seeds must be consecutive integers"),
-    ("profile = {name = 'x'}", "bench.toml: profile: expected a string (or an array: the flag's comma form), got a table"),
+    ("profile = {name = 'x'}",
+     "bench.toml: profile: expected a string (or an array: the flag's comma form), got a table"),
     ("rate = -3", "bench.toml: rate: '-3' must be > 0 requests/s"),
     ("router = 'round_robin'\nrouter = 'jsq'", "bench.toml: not valid TOML"),
 ])
@@ -149,7 +150,8 @@ CASES = {
                "--api", "chat", "--engine", "sglang", "--prompt-mode", "text", "--tokenizer", "tok",
                "--request-timeout", "30", "--load-workers", "2", "--send-lead", "0.05", "--on-saturation",
                "cancel", "--no-saturation-stop"],
-    "launch": ["--launch", "tiny", "--instances", "2", "--launch-args", "1:--no-enable-chunked-prefill --max-num-seqs 8",
+    "launch": ["--launch", "tiny", "--instances", "2",
+               "--launch-args", "1:--no-enable-chunked-prefill --max-num-seqs 8",
                "--vllm-python", "/opt/vllm/bin/python", "--cpus-per-instance", "2", "--api-server-cores", "instance",
                "--stream-workers", "2", "--chunked-prefill", "off"],
 }
