@@ -115,6 +115,17 @@ def test_a_bad_scenario_file_is_one_line_naming_the_key(tmp_path, text, line):
     assert got.startswith(f"Error: {tmp_path}/") and line in got, got
 
 
+def test_the_example_scenario_is_the_documented_nightly_run():
+    from pathlib import Path
+
+    from lbbench.cli.scenario import read_scenario
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "bench.toml"
+    values = read_scenario(example, click.Context(run_cmd))
+    assert values["routers"] == "round_robin,jsq,min_min,mcu" and (values["seed"], values["seeds"]) == (0, 5)
+    assert values["slo"] == "ttft=90,e2e=180" and values["rate"] == "20"
+
+
 def test_every_option_of_run_is_a_key_and_a_new_one_is_too():
     keys = option_keys(run_cmd)
     options = [p for p in run_cmd.params if isinstance(p, click.Option)]
