@@ -47,6 +47,7 @@ FLAGS: dict[str, str] = {
     "find_rate_start": "--find-rate-start", "find_rate_tol": "--find-rate-tol",
     # other commands
     "router": "--router", "data": "--data", "pair": "--pair", "max_regression": "--max-regression",
+    "label": "--label",
     "metric": "--metric", "test_fraction": "--test-fraction", "port_base": "--port-base", "port": "--port",
     "kind": "--kind", "guidance_schedule": "--guidance-schedule", "format": "--format",
     "estimator": "--estimator", "discount": "--discount", "max_model_len": "--max-model-len",

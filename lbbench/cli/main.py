@@ -95,7 +95,8 @@ def profiles_cmd(fmt: str) -> None:
 
 def _add_optional_commands() -> None:
     for mod, names in (("lbbench.cli.run", ("run",)), ("lbbench.cli.trace", ("trace",)), ("lbbench.cli.predict", ("predictor",)),
-                       ("lbbench.cli.report", ("report", "compare")), ("lbbench.cli.live", ("launch", "serve_sim")),
+                       ("lbbench.cli.report", ("report", "compare")),
+                       ("lbbench.cli.history", ("history",)), ("lbbench.cli.live", ("launch", "serve_sim")),
                        ("lbbench.cli.train", ("train",)), ("lbbench.cli.profile", ("profile",)),
                        ("lbbench.cli.fidelity", ("fidelity",)), ("lbbench.cli.proxy", ("proxy",)),
                        ("lbbench.cli.paper", ("paper",)), ("lbbench.cli.plan", ("plan",)),

@@ -47,8 +47,11 @@ def _slo_callback(ctx: click.Context, param: click.Parameter, value: str | None)
 @click.option("--no-plots", is_flag=True, help="HTML without plots (faster).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write every plot as a PNG file into this directory.")
+@click.option("--wide", is_flag=True, default=False,
+              help="Console tables with every column (seeds, differences in seconds, p90, max TBT, throughput, "
+                   "...), not only those that fit a 120-column terminal. Markdown, JSON and HTML hold them all.")
 def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | None, baseline: str,
-           num_resamples: int, no_plots: bool, plots_dir: Path | None) -> None:
+           num_resamples: int, no_plots: bool, plots_dir: Path | None, wide: bool) -> None:
     """Paper-style tables, latency detail, goodput and plots for one or more runs.
 
     Runs that differ in a setting (profile, chunked prefill, ...) are grouped by it; runs
@@ -64,9 +67,9 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
 
             from ..reports.render import to_rich
 
-            to_rich(rep.tables, Console(), rep.preamble())  # the terminal's own width
+            to_rich(rep.tables, Console(), rep.preamble(), wide)  # the terminal's own width
             return
-        text = rep.render(fmt, plots=not no_plots)
+        text = rep.render(fmt, plots=not no_plots, wide=wide)
     except (RunDirError, SummaryError) as exc:
         raise InputError(user_message(exc)) from None
     if fmt == "html" and out is None:

@@ -2,7 +2,8 @@
 
 A run directory holds
 
-- ``run.toml``: the resolved ``RunConfig`` under ``[config]``, the seeds, the profile (the first instance's),
+- ``run.toml``: the resolved ``RunConfig`` under ``[config]`` (every flag of ``lbbench run`` as resolved, which
+  ``lbbench run --from`` repeats), when it started (``created``), the seeds, the profile (the first instance's),
   the fleet under ``[fleet]`` (``Fleet.to_toml_dict``: its spec and one entry per profile), the git revision and
   library versions, ``complete`` (false while the run is going and after an interrupted one), ``wall_s``;
 - ``requests.parquet``: one row per request, every simulated and live run alike (``records_frame``);
@@ -131,16 +132,32 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def config_record(cfg: RunConfig) -> dict[str, Any]:
+    """``run.toml``'s ``[config]``: every field of ``cfg`` (a None left out, a None list item written "default")."""
+    return _clean(asdict(cfg))
+
+
+def profile_record(profile: Profile) -> dict[str, Any]:
+    """``run.toml``'s ``[profile]``: every field of ``profile`` but its source (``profile_source``)."""
+    return _clean({k: v for k, v in asdict(profile).items() if k != "source"})
+
+
+def now_utc() -> str:
+    """The time ``run.toml`` records (``created``: when the run started), UTC, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def write_run_toml(path: Path, cfg: RunConfig, profile: Profile, run_id: str, complete: bool,
-                   extra: dict[str, Any] | None = None, fleet: Fleet | None = None) -> None:
+                   extra: dict[str, Any] | None = None, fleet: Fleet | None = None,
+                   created: str | None = None) -> None:
     doc = {
         "run_id": run_id,
         "complete": complete,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": created or now_utc(),
         "git_revision": git_revision() or "unknown",
-        "config": _clean(asdict(cfg)),
+        "config": config_record(cfg),
         "seeds": cfg.seed_list(),
-        "profile": _clean({k: v for k, v in asdict(profile).items() if k != "source"}),
+        "profile": profile_record(profile),
         "profile_source": profile.source,
         "versions": versions(),
     }
@@ -214,17 +231,21 @@ class RunDir:
         self.decisions: list[pl.DataFrame] = []
         #: one entry per unit added with its label: label, complete, its rows per table (``run.toml [[units]]``)
         self.units: list[dict[str, Any]] = []
+        #: when ``start`` was called (``run.toml``'s ``created``)
+        self.created: str | None = None
 
     def start(self) -> None:
+        self.created = now_utc()  # every later write keeps it: ``created`` is when the run started
         self.path.mkdir(parents=True, exist_ok=True)
-        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, fleet=self.fleet)
+        write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, fleet=self.fleet,
+                       created=self.created)
 
     def note(self, **extra: Any) -> None:
         """Record ``extra`` in ``run.toml`` now, while the run is still incomplete (e.g. the cores launched
         servers were given, known before the first record); ``finish`` keeps it."""
         self.extra = {**getattr(self, "extra", {}), **extra}
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=False, extra=self.extra,
-                       fleet=self.fleet)
+                       fleet=self.fleet, created=self.created)
 
     def partial_dir(self, label: str) -> Path:
         """Where a live unit appends its records as they complete."""
@@ -260,7 +281,7 @@ class RunDir:
         write_run_toml(self.path / RUN_TOML, self.cfg, self.profile, self.run_id, complete=complete,
                        extra={"runs_completed": len(self.frames), **getattr(self, "extra", {}), **(extra or {}),
                               **({"units": self.units} if self.units else {})},
-                       fleet=self.fleet)
+                       fleet=self.fleet, created=self.created)
         return summary
 
 

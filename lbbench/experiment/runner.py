@@ -31,7 +31,7 @@ from .backends import SimBackend, backend_for
 from .config import RunConfig
 from .resume import load_resume
 from .rundir import RunDir
-from .units import Reporter, UnitOutput, Work, works
+from .units import Reporter, UnitOutput, Work, saturation_line, works
 
 
 def run_units(units: Sequence[Work], run: Callable[[Work], UnitOutput], executor: Executor,
@@ -141,6 +141,10 @@ def run_experiment(cfg: RunConfig, out_dir: Path | str, *, profile: Profile | No
         backend.close()
         if runs_on is not executor:
             runs_on.close()
+    line = saturation_line([ran[w.label].saturation for w in every
+                            if w.label in ran and ran[w.label].saturation is not None])
+    if line:
+        reporter.note(line)
     for work in every:  # unit order, kept and new units alike
         if work.label in kept:
             rd.add(*kept[work.label], unit=work.label)

@@ -146,6 +146,8 @@ class UnitOutput:
     notes: list[str] = field(default_factory=list)
     #: the unit's ``decisions.parquet`` rows (``RunConfig.decisions``), else None
     decisions: pl.DataFrame | None = None
+    #: when its backlog kept growing; the run says so in one line for all its units (``saturation_line``)
+    saturation: Saturation | None = None
 
 
 class Instances(Protocol):
@@ -227,8 +229,23 @@ def unit_frame(records: pl.LazyFrame, cols: dict[str, Any], profiles: Sequence[P
         *RECORD_FIELDS, *cols, instance_profile(profiles), *own)
 
 
-def mark_saturation(frame: pl.LazyFrame, label: str, res: UnitResult) -> tuple[pl.LazyFrame, str | None]:
-    """``frame`` with the unit's ``saturated`` (bool) and ``saturated_at_s`` columns, and the note that says so."""
+@dataclass(frozen=True)
+class Saturation:
+    """A unit whose backlog kept growing (``lbbench.live.saturation``): when, and what the run did about it."""
+
+    router: str
+    seed: int
+    #: the unit's label without its router and seed (its variant and a load sweep's rate; "" for none)
+    group: str
+    at_s: float
+    #: live: sending stopped (else only marked, as the simulator does)
+    stopped: bool
+    #: requests not sent or cancelled when sending stopped
+    unsent: int
+
+
+def mark_saturation(frame: pl.LazyFrame, work: Work, res: UnitResult) -> tuple[pl.LazyFrame, Saturation | None]:
+    """``frame`` with the unit's ``saturated`` (bool) and ``saturated_at_s`` columns, and what saturated."""
     at = res.saturated_at_s
     frame = frame.with_columns(pl.lit(at is not None).alias("saturated"),
                                pl.lit(at, dtype=pl.Float64).alias("saturated_at_s"))
@@ -236,9 +253,49 @@ def mark_saturation(frame: pl.LazyFrame, label: str, res: UnitResult) -> tuple[p
         return frame, None
     saturated = pl.col("error").is_not_null() & pl.col("error").str.ends_with(": saturated")
     unsent = frame.filter(saturated).select(pl.len()).collect().item()
-    what = (f"sending stopped, {unsent} requests not sent or cancelled" if res.saturation_stopped
+    unit = work.unit
+    group = work.label.removeprefix(f"{unit.router}-seed{unit.seed}").lstrip("-")
+    return frame, Saturation(unit.router, unit.seed, group, at, res.saturation_stopped, unsent)
+
+
+def _seeds_text(seeds: Sequence[int]) -> str:
+    """``seed 3``, ``seeds 0, 2`` or ``seeds 0-9`` (a run of three or more consecutive seeds as a range)."""
+    xs = sorted(set(seeds))
+    if len(xs) == 1:
+        return f"seed {xs[0]}"
+    parts: list[str] = []
+    start = prev = xs[0]
+    for x in [*xs[1:], None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        parts.append(f"{start}-{prev}" if prev - start >= 2 else ", ".join(map(str, range(start, prev + 1))))
+        if x is not None:
+            start = prev = x
+    return "seeds " + ", ".join(parts)
+
+
+def saturation_line(marks: Sequence[Saturation]) -> str | None:
+    """The one line that says which units of a run saturated (None when none did): when, what was done, and per
+    variant (and rate) the routers with their seeds, routers that saturated on the same seeds named together."""
+    if not marks:
+        return None
+    lo, hi = min(m.at_s for m in marks), max(m.at_s for m in marks)
+    when = f"{lo:.1f} s" if hi - lo < 0.05 else f"{lo:.1f}-{hi:.1f} s"
+    unsent = sum(m.unsent for m in marks)
+    what = (f"sending stopped, {unsent} requests not sent or cancelled" if any(m.stopped for m in marks)
             else "marked, not stopped")
-    return frame, f"{label}: saturated at {at:.1f} s (the backlog kept growing); {what}"
+    groups: dict[str, dict[str, list[int]]] = {}
+    for m in marks:
+        groups.setdefault(m.group, {}).setdefault(m.router, []).append(m.seed)
+    items = []
+    for group, routers in groups.items():
+        by_seeds: dict[str, list[str]] = {}
+        for router, seeds in routers.items():
+            by_seeds.setdefault(_seeds_text(seeds), []).append(router)
+        text = "; ".join(f"{', '.join(names)} ({seeds})" for seeds, names in by_seeds.items())
+        items.append(f"{group}: {text}" if group else text)
+    return f"saturated (the backlog kept growing) at {when}, {what}: " + " | ".join(items)
 
 
 def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
@@ -259,9 +316,9 @@ def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     notes += [str(n) for n in getattr(router, "run_notes", lambda: [])()]  # e.g. an online model still cold
     streamed = isinstance(res.records, pl.LazyFrame)
     records = res.records if streamed else records_frame(res.records, {}).lazy()
-    frame, note = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work.label, res)
-    notes += [note] if note else []
+    frame, saturation = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work, res)
     decisions = None if recorder is None else recorder.frame(
         {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
     timeline = timeline_frame(res.timeline, timeline_columns(unit, cols))
-    return UnitOutput(frame if streamed else frame.collect(), timeline, res.complete, notes, decisions=decisions)
+    return UnitOutput(frame if streamed else frame.collect(), timeline, res.complete, notes, decisions=decisions,
+                      saturation=saturation)

@@ -49,22 +49,23 @@ def _img(png: bytes, caption: str) -> str:
             f"<figcaption>{cap}</figcaption></figure>")
 
 
-def to_html(preamble: str, tables: Sequence[Table], figures: Sequence["Plot"] = ()) -> str:
+def to_html(preamble: str, tables: Sequence[Table], figures: Sequence["Plot"] = (),
+            title: str = "lbbench report") -> str:
     """The whole report as one HTML document: the preamble's ``- `` lines as a list, each table, and the
-    figures placed by section (improvement under the main table, then latency, then load)."""
+    figures placed by section (improvement under the main table, then latency, load, a nightly history)."""
     e = _html.escape
     figs = list(figures)
-    body = ["<h1>lbbench report</h1>", '<ul class="runs">']
+    body = [f"<h1>{e(title)}</h1>", '<ul class="runs">']
     body += [f"<li>{e(line[2:])}</li>" for line in preamble.splitlines()]
     body.append("</ul>")
     for t in tables:
         body.append(html_table(t))
         if t.name == "main":
             body += [_img(f.png, f.caption) for f in figs if f.section == "improvement"]
-    for section, title in (("sweep", "Load sweep"), ("latency", "Latency distributions"),
-                           ("load", "Per-instance load")):
+    for section, heading in (("sweep", "Load sweep"), ("latency", "Latency distributions"),
+                             ("load", "Per-instance load"), ("history", "Metrics by night")):
         items = [f for f in figs if f.section == section]
         if items:
-            body.append(f"<h2>{title}</h2>")
+            body.append(f"<h2>{heading}</h2>")
             body += [_img(f.png, f.caption) for f in items]
-    return page("lbbench report", body)
+    return page(title, body)

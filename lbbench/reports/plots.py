@@ -34,7 +34,8 @@ _LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
 _MAX_POINTS = 2000
 
 
-def _png(fig: Figure) -> bytes:
+def figure_png(fig: Figure) -> bytes:
+    """A figure as PNG bytes (100 dpi, tight bounding box)."""
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
@@ -72,7 +73,7 @@ def cdf(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_s") -> bytes:
     ax.set_ylim(0, 1.01)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def latency_over_time(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_s",
@@ -100,7 +101,7 @@ def latency_over_time(lf: pl.LazyFrame, keys: Sequence[str], metric: str = "e2e_
     ax.set_ylabel(f"mean {name} (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def instance_timeline(timeline: pl.LazyFrame, max_routers: int = 8) -> bytes | None:
@@ -136,7 +137,7 @@ def instance_timeline(timeline: pl.LazyFrame, max_routers: int = 8) -> bytes | N
     axes[1][0].set_ylabel("KV cache usage (%)")
     axes[0][-1].legend(fontsize="small", loc="upper right")
     fig.suptitle("Per-instance load over time")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "round_robin") -> bytes:
@@ -158,7 +159,7 @@ def improvement_bars(main: pl.DataFrame, keys: Sequence[str], baseline: str = "r
     ax.set_title(f"Mean E2E improvement over {baseline} (positive = faster)")
     ax.set_xlabel("router (bar: mean over seeds; whiskers: 95% bootstrap interval)")
     ax.grid(axis="y", alpha=0.3)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def load_curves(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -> bytes | None:
@@ -187,7 +188,7 @@ def load_curves(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -
     axes[1].set_yscale("log")
     axes[2].legend(fontsize="small")
     fig.suptitle("Latency and goodput against load" + (f" (SLO: {slo.describe()})" if slo else ""))
-    return _png(fig)
+    return figure_png(fig)
 
 
 def sweep_points(lf: pl.LazyFrame, keys: Sequence[str], slo: Slo | None = None) -> pl.DataFrame | None:
@@ -276,7 +277,7 @@ def sweep_figure(points: pl.DataFrame, keys: Sequence[str], kind: str, slo: Slo 
         ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    return _png(fig)
+    return figure_png(fig)
 
 
 #: the sweep figures: file-name stem, kind, caption

@@ -78,12 +78,13 @@ def _fmt(v: Any, decimals: int | None = None, signed: bool = False) -> str:
     return str(v)
 
 
-def display(table: Table) -> tuple[list[str], list[list[str]]]:
-    """Headers and string cells of a table as people read it."""
+def display(table: Table, wide: bool = True) -> tuple[list[str], list[list[str]]]:
+    """Headers and string cells of a table as people read it (without ``wide``: less its ``Table.wide``
+    columns)."""
     df = table.df
     cols = list(df.columns)
     dec = {c: 1 for c in cols if c.endswith("_pct")}
-    skip = {"mean_e2e_std_s", "ci_low_pct", "ci_high_pct"}
+    skip = {"mean_e2e_std_s", "ci_low_pct", "ci_high_pct", *(() if wide else table.wide)}
     out_cols = [c for c in cols if c not in skip]
     rows = []
     for r in df.iter_rows(named=True):
@@ -129,12 +130,13 @@ def to_markdown(tables: Sequence[Table], title: str | None = None, preamble: str
     return buf.getvalue()
 
 
-def to_rich(tables: Sequence[Table], console: Any = None, preamble: str = "") -> None:
+def to_rich(tables: Sequence[Table], console: Any = None, preamble: str = "", wide: bool = True) -> None:
+    """The tables on a rich console; without ``wide``, each less its ``Table.wide`` columns."""
     console = console or Console()
     if preamble:
         console.print(preamble, markup=False, highlight=False)
     for t in tables:
-        heads, rows = display(t)
+        heads, rows = display(t, wide)
         rt = RichTable(title=t.title, caption=t.note or None, caption_justify="left")
         for i, h in enumerate(heads):
             rt.add_column(h, justify="left" if i < len(t.keys) else "right")

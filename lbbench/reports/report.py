@@ -72,7 +72,8 @@ class Report:
         return report_plots(self.runs.requests, self.keys, self.baseline, None if main is None else main.df,
                             self.slo, timelines)
 
-    def render(self, fmt: str, plots: bool = True) -> str:
+    def render(self, fmt: str, plots: bool = True, wide: bool = True) -> str:
+        """The report as ``fmt``; ``wide`` (console table only): every column, else those that fit 120."""
         if fmt == "markdown":
             return R.to_markdown(self.tables, "lbbench report", self.preamble())
         if fmt == "json":
@@ -83,7 +84,7 @@ class Report:
         if fmt == "table":
             buf = io.StringIO()
             R.to_rich(self.tables, Console(file=buf, width=200, force_terminal=False),
-                      self.preamble())
+                      self.preamble(), wide)
             return buf.getvalue()
         raise ValueError(f"format: unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
 

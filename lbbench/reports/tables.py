@@ -39,6 +39,9 @@ class Table:
     note: str = ""
     keys: list[str] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # column -> header, beyond the defaults
+    #: columns a console table shows only when asked for every column (``lbbench report --wide``), so that the
+    #: default one fits a 120-column terminal; Markdown, JSON and HTML always hold them
+    wide: tuple[str, ...] = ()
 
 
 def improvement_cis(lf: pl.LazyFrame, keys: list[str], baseline: str = "round_robin",
@@ -90,7 +93,8 @@ def main_table(lf: pl.LazyFrame, summary: pl.DataFrame, keys: list[str], baselin
             f"({num_resamples} resamples). ± is the std over seeds of the per-seed mean.")
     headers = {"diff_vs_baseline_s": f"diff vs {baseline} (s)",
                "improvement_pct": f"improvement vs {baseline} (%) [95% CI]"}
-    return Table("main", f"Mean end-to-end latency by router{form}", df, note, keys, headers)
+    return Table("main", f"Mean end-to-end latency by router{form}", df, note, keys, headers,
+                 wide=("seeds", "diff_vs_baseline_s"))
 
 
 def latency_table(summary: pl.DataFrame, keys: list[str]) -> Table:
@@ -99,7 +103,8 @@ def latency_table(summary: pl.DataFrame, keys: list[str]) -> Table:
             "failed"]
     note = ("Per-seed statistics averaged over seeds. TBT: mean of per-request mean gaps; "
             "p99 over requests of per-request p99 gaps; max over all. Preemptions: per seed.")
-    return Table("latency", "Latency detail", summary.select([*keys, *cols]), note, keys)
+    return Table("latency", "Latency detail", summary.select([*keys, *cols]), note, keys,
+                 wide=("mean_tbt_s", "max_tbt_s", "p90_e2e_s", "throughput_tokens_per_s", "completed"))
 
 
 def balance_table(lf: pl.LazyFrame, keys: list[str]) -> Table:
@@ -182,7 +187,7 @@ def live_table(summary: pl.DataFrame, keys: list[str]) -> Table | None:
     df = live.select([*keys, "dispatch_lag_p50_s", "dispatch_lag_p99_s", "requested_rate_per_s",
                       "achieved_rate_per_s", "completed", "failed"])
     note = "Dispatch lag = actual - planned send time; rates per second of the send/arrival span."
-    return Table("live", "Live run: dispatch lag, rate and failures", df, note, keys)
+    return Table("live", "Live run: dispatch lag, rate and failures", df, note, keys, wide=("dispatch_lag_p50_s",))
 
 
 def goodput_table(lf: pl.LazyFrame, keys: list[str], slo: Slo) -> Table:
@@ -224,7 +229,8 @@ def hardware_table(summary: pl.DataFrame, keys: list[str], baseline: str = "roun
     what = split.replace("_", " ")
     note = f"One column group per {what}; improvement is over {baseline} with the same {what}."
     name = "hardware" if split == "profile" else f"by_{split}"
-    return Table(name, f"Side by side by {what}", out, note, rows)
+    wide = tuple(c for c in out.columns if " | " in c and not c.endswith(HARDWARE_METRICS[:2]))
+    return Table(name, f"Side by side by {what}", out, note, rows, wide=wide)
 
 
 def _group_label(split: str, value: object) -> str:

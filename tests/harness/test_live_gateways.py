@@ -3,7 +3,7 @@ which takes only text prompts) and vllm-router — in front of two real vLLM CPU
 completes, and through `smg` the text prompts reach vLLM at exactly the asked length.
 
 Needs ``.venv-vllm`` and ``.venv-gateways`` (``make vllm-env gateways-env``); skipped without them unless
-``LBBENCH_REQUIRE_LIVE=1``.
+``LBBENCH_REQUIRE_LIVE=1`` or ``CI`` makes that a failure.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ GATEWAYS = Path(__file__).resolve().parents[2] / ".venv-gateways" / "bin"
 def _gateway_bin(name: str) -> str:
     exe = GATEWAYS / name
     if not exe.is_file():
-        if os.environ.get("LBBENCH_REQUIRE_LIVE") == "1":
-            pytest.fail(f"live tier required but {exe} is missing (make gateways-env)")
+        if os.environ.get("CI") or os.environ.get("LBBENCH_REQUIRE_LIVE") == "1":
+            pytest.fail(f"live tier required (CI or LBBENCH_REQUIRE_LIVE=1) but {exe} is missing "
+                        "(make gateways-env)")
         pytest.skip(f"{exe} missing (make gateways-env)")
     return str(exe)
 

@@ -86,7 +86,12 @@ def test_reward_terms():
     # reported apart: -sum of (1/T_hat)(1 - f) over the drain epochs + r_w
     obs, r, term, trunc, info = env.step(1)
     assert term and r == 0.0
-    assert 0.0 < info["drain_reward"] < 60.0
+    # the drain charges the epoch points 0.54, 0.56, ..., 1.02 s (25 of them; the request finishes at 1.0355 s)
+    # (1/T_hat)(1 - f) each, with f = 1/50: its first token is counted, and the decode steps of the unchanged
+    # batch are reported when the batch changes, at its finish; then r_w = 60 for the one completion:
+    # 60 - 25 x 0.98 / 1.02 = 35.980392...
+    assert info["drain_reward"] == pytest.approx(60.0 - 25 * (1 - 1 / 50) / t_hat, rel=1e-12)
+    assert info["drain_reward"] == pytest.approx(35.980392, abs=1e-6)
     assert env.sim.records[0].instance == 1
 
 
