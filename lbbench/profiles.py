@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from .core import InstanceSpec
+from .errors import InputError
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     pass
 
 

@@ -3,9 +3,9 @@
 Each command module parses flags, builds the library's typed config, calls the library and renders
 (``run.py`` for ``lbbench run``).
 
-Bad input ends with one line naming the flag or file and what is wrong, and
-exit code 2. Everything measured is written as it completes; Ctrl-C keeps what
-was measured and marks the run incomplete.
+Bad input (``lbbench.errors.InputError``) or a setup that does not work (``SetupError``, its sibling under
+``UserError``) ends with one line naming the flag or file and what is wrong, and exit code 2. Everything measured
+is written as it completes; Ctrl-C keeps what was measured and marks the run incomplete.
 """
 
 from __future__ import annotations
@@ -16,37 +16,15 @@ from typing import Any
 
 import click
 
-from ..experiment import ConfigError
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean bad user input (exit 2, one line)."""
-    from ..dispatch import RouterError
-    from ..profiles import ProfileError
-    from ..routers.registry import UnknownRouterError
-    from ..errors import InputError
-    errs: list[type[BaseException]] = [InputError, ConfigError, ProfileError, UnknownRouterError, RouterError]
-    for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
-                      ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
-                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.engines.vllm.launcher", "LaunchError"),
-                      ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
-                      ("lbbench.profiling.models", "ModelConfigError"),
-                      ("lbbench.profiling.vidur", "MeasurementError"),
-                      ("lbbench.profiling.measure", "MeasureError"),
-                      ("lbbench.profiling.calibrate", "CalibrationError"),
-                      ("lbbench.harness.text_prompts", "TextPromptError")):
-        try:
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+from ..errors import UserError
+from .flags import user_message
 
 
 class LbbenchGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _user_errors() as exc:
-            from .flags import user_message
+        except UserError as exc:
             click.echo(f"Error: {user_message(exc)}", err=True)
             ctx.exit(2)
 

@@ -7,7 +7,7 @@ with lbbench's change against round robin next to the one the paper reports
 (Jain et al., arXiv 2408.13510, Tables 3-5), and the change against the
 *strongest* baseline in the run: the best production router (``round_robin``,
 ``jsq``, ``least_requests``, ``power_of_two``) on the best instance scheduler,
-vLLM's ``priority`` policy included (``lbbench.reports.reference``), which the
+vLLM's ``priority`` policy included (``lbbench.metrics.reference``), which the
 paper does not compare with. Learned routers use the shipped checkpoint for the
 setup (the ``-chunked`` one for runs with chunked prefill on); where none is
 shipped the run stops with the message that says how to train one.

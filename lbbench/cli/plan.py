@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import InputError
 from ..experiment import ConfigError, RunConfig
-from ..reports.summary import Slo
+from ..metrics.summary import Slo
 from .common import err_console
 from .flags import ray_option, slo_limits, split_csv
 from .trace import trace_options, trace_transform_options

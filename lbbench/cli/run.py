@@ -17,8 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..distributed import UnitError, get_executor
-from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
+from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..live.saturation import DEFAULT_WINDOW_S
+from ..metrics.summary import to_json
+from ..rundir import DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests, scan_requests
 from ..reports.render import cell
 from .common import err_console
 from .find_rate import find_rate_cli
@@ -310,7 +312,7 @@ def run_cmd(**kw: Any) -> None:
         if executor is not None:
             executor.close()
     _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete)
-    _say_rejections(out_dir / "requests.parquet", profile)
+    _say_rejections(out_dir, profile)
     if not outcome.complete:
         sys.exit(130)
 
@@ -327,13 +329,11 @@ def _resume_dir(resume: str, out: str | None) -> Path:
     return path
 
 
-def _say_rejections(path: Path, profile: Any) -> None:
+def _say_rejections(out_dir: Path, profile: Any) -> None:
     """One line per kind of request that did not complete: how many, why, and what changes it."""
     import polars as pl
-    if not path.is_file():
-        return
-    df = pl.read_parquet(path)
-    if "error" not in df.columns or df.height == 0:
+    df = read_requests(out_dir)
+    if df is None or "error" not in df.columns or df.height == 0:
         return
     bad = df.filter(pl.col("error").is_not_null())
     if bad.height == 0:
@@ -348,7 +348,7 @@ def _say_rejections(path: Path, profile: Any) -> None:
     if other.height:
         first = other["error"][0].splitlines()[0][:160]
         err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
-                          f"in {path} with its error", highlight=False, soft_wrap=True)
+                          f"in {out_dir / REQUESTS_FILE} with its error", highlight=False, soft_wrap=True)
 
 
 def _launch_args(values: Any) -> dict[int, list[str]]:
@@ -463,14 +463,13 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
                       + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
     if keys:
         _print_pivot(console, summary, keys)
-    if not fleet.is_uniform and (out_dir / "requests.parquet").is_file():  # how each kind of instance fared
-        import polars as pl
-
+    requests = scan_requests(out_dir)
+    if not fleet.is_uniform and requests is not None:  # how each kind of instance fared
         from ..reports.render import to_rich
         from ..reports.tables import instances_table
-        to_rich([instances_table(pl.scan_parquet(out_dir / "requests.parquet"), cfg.group_keys())], console)
-    more = ", decisions.parquet" if (out_dir / "decisions.parquet").is_file() else ""
-    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet{more}, run.toml[/dim]")
+        to_rich([instances_table(requests, cfg.group_keys())], console)
+    more = f", {DECISIONS_FILE}" if has_decisions(out_dir) else ""
+    console.print(f"[dim]wrote {out_dir}/{REQUESTS_FILE}, {SUMMARY_FILE}{more}, {RUN_TOML}[/dim]")
 
 
 def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
@@ -495,6 +494,6 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 
 
 def _slo_text(cfg: RunConfig) -> str:
-    from ..reports.summary import Slo
+    from ..metrics.summary import Slo
     return Slo(**cfg.slo).describe()
 run = run_cmd

@@ -27,16 +27,16 @@ from typing import Any, Callable, ClassVar, Iterator, Protocol
 from ..core import InstanceSpec, Request
 from ..distributed import Executor, SerialExecutor, get_executor
 from ..distributed.ray_cluster import connect
+from ..engines.vllm.info import EngineInfoError, engine_info
 from ..engines.vllm.launcher import launch
 from ..live.saturation import SaturationPolicy, default_threshold, records_saturated_at
 from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
                                     prompt_length_mismatches, texts_for)
 from ..profiles import Profile
-from ..profiling.measure import MeasureError, engine_info
+from ..rundir import RunDir
 from ..priority import request_priority
 from ..sim.cluster import ClusterSim
 from .config import RunConfig, Variant, split_endpoint
-from .rundir import RunDir
 from .units import Reporter, UnitOutput, UnitResult, Work, plan_all, run_unit
 
 
@@ -138,7 +138,7 @@ def live_spec(profile: Profile, url: str) -> InstanceSpec:
     spec = profile.instance_spec()
     try:
         info = engine_info(url)
-    except MeasureError:
+    except EngineInfoError:
         return spec
     return replace(spec, kv_capacity_tokens=info.num_blocks * info.block_size)
 

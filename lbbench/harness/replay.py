@@ -26,7 +26,7 @@ whose requests fail with connection errors is marked down until its
 ``/health`` answers again) and ``MetricsSample`` (``/metrics`` scraped every
 ``scrape_interval_s``).
 
-Every record goes to a ``RecordLog`` (``lbbench.harness.record_log``) as soon
+Every record goes to a ``RecordLog`` (``lbbench.rundir.records``) as soon
 as its request ends: appended to ``out_dir/requests.partial.jsonl`` and written
 in Parquet chunks, so the client holds no record in memory however long the
 run (``result.frame()`` scans them; ``result.records`` reads them back). Ctrl-C
@@ -66,12 +66,14 @@ from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, R
                     TokensGenerated, chain_sessions)
 from ..dispatch import Router
 from ..engines import VLLM, Engine, get_engine
+from ..errors import InputError
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.memtrace import MemTrace
 from ..live.metrics import parse_metrics
 from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
-from .record_log import RecordLog
+from ..rundir import RecordLog
+
 #: the error of a request never sent because its step saturated, and of one aborted in flight (``cancel``)
 NOT_SENT = "not sent: saturated"
 CANCELLED = "cancelled: saturated"
@@ -85,7 +87,7 @@ METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.
                   "num_waiting": pl.Int64, "kv_usage": pl.Float64, "num_preemptions": pl.Int64}
 
 
-class EndpointError(ValueError):
+class EndpointError(InputError):
     """An endpoint cannot be used (the message starts with `endpoint URL:`; the CLI maps it to `--endpoint`)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..core import Request
+from ..errors import InputError
 
 #: short, common words: one token each (with the leading space) in the usual BPE vocabularies
 WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one",
@@ -27,7 +28,7 @@ WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "
          "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use", "time", "back", "good")
 
 
-class TextPromptError(ValueError):
+class TextPromptError(InputError):
     """The tokenizer could not be reached or loaded (the message says which)."""
 
 

@@ -10,7 +10,7 @@
 3. report the count with its attainment, the attainment at one instance fewer, goodput and latencies, and,
    with prices, what the count costs.
 
-**SLO attainment** is ``reports.summary``'s ``slo_attainment``, the number ``lbbench run --slo`` and
+**SLO attainment** is ``metrics.summary``'s ``slo_attainment``, the number ``lbbench run --slo`` and
 ``lbbench report --slo`` print: per seed, the share of *all* requests (failed ones are misses) that completed
 with TTFT <= the TTFT limit and their own mean time between tokens <= the TBT limit (and E2E <= the E2E limit
 when given); averaged over seeds. ``goodput_per_s`` is the same summary's: requests within the SLO per second
@@ -33,7 +33,7 @@ import polars as pl
 from ..errors import InputError
 from ..experiment import RunConfig, simulate
 from ..profiles import Profile
-from ..reports.summary import Slo, completed_expr, derive, per_seed
+from ..metrics.summary import Slo, completed_expr, derive, per_seed
 from .prices import cost_columns, load_prices, price_of
 from .search import SearchResult, TargetNotMetError, min_instances
 

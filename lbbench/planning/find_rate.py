@@ -2,7 +2,7 @@
 
 For every router x instance scheduler of a ``RunConfig``, ``search.max_rate`` probes rates (exponentially from
 a start rate, then geometric bisection to a relative tolerance, rates rounded to three significant digits).
-Each probe is the attainment ``lbbench run --slo`` reports (``reports.summary``'s ``slo_attainment``, averaged
+Each probe is the attainment ``lbbench run --slo`` reports (``metrics.summary``'s ``slo_attainment``, averaged
 over variants and seeds) on the same seeds at every rate (paired seeds in the simulator; repeats live), and
 runs its seeds one at a time through ``search.sequential_attainment``: once the seeds left cannot change
 whether the probe meets the target, they are not run (a probe far past the threshold usually stops after its

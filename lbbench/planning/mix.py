@@ -143,7 +143,7 @@ def fleet_attainment(run: RunConfig, types: list[GpuType], v: Vector, target: fl
 
 
 def _slo(run: RunConfig) -> Any:
-    from ..reports.summary import Slo
+    from ..metrics.summary import Slo
     return Slo(**run.slo)
 
 

@@ -60,7 +60,7 @@ STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p
 
 
 def _frame(records: Sequence[RequestRecord]) -> pl.DataFrame:
-    from ..reports.summary import derive
+    from ..metrics.summary import derive
     df = pl.DataFrame([r.as_dict() for r in records], infer_schema_length=None)
     return derive(df).filter(pl.col("error").is_null() & pl.col("finish_s").is_not_null()).collect()
 

@@ -41,7 +41,7 @@ def running_at_dispatch(instance: np.ndarray, dispatch_s: np.ndarray, finish_s: 
 def paired(records: pl.DataFrame) -> pl.DataFrame:
     """One row per (workload, router, live repeat, request): live and simulated E2E and TTFT, prompt tokens, and
     the live batch size at dispatch."""
-    from ..reports.summary import derive
+    from ..metrics.summary import derive
 
     df = derive(records).filter(pl.col("error").is_null() & pl.col("finish_s").is_not_null()).collect()
     if "workload" not in df.columns:

@@ -27,7 +27,7 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .summary import Slo, completed_expr, derive, summarize
+from ..metrics.summary import Slo, completed_expr, derive, summarize
 
 _LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
            "router_wait_s": "router wait"}

@@ -74,6 +74,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..core import ClusterView, Decision, Request
+from ..errors import InputError
 from ..profiles import Profile
 from ..sim.cluster import ClusterSim
 from .late_binding import LateBindingRouter
@@ -93,7 +94,7 @@ GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_dept
 BACKFILL_GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_depth": 16, "calibrate": False}
 
 
-class PlannerError(ValueError):
+class PlannerError(InputError):
     """The planner cannot run (no simulator bound, unknown base policy, bad option)."""
 
 

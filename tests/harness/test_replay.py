@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lbbench.core import Request
 from lbbench.profiles import load_profile
 from lbbench.engines.vllm.emulator import free_port
-from lbbench.harness.record_log import PARTIAL_RECORDS
+from lbbench.rundir import PARTIAL_RECORDS
 from lbbench.harness.replay import EndpointError, check_endpoints, normalize_endpoint, run_replay
 from lbbench.routers import get_router
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from lbbench.cli import main
 from lbbench.cli.profile import write_profile_toml
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.info import EngineInfo
 from lbbench.profiles import load_profile
-from lbbench.profiling.measure import (EngineInfo, Measurement, MeasureError, Observation, fit_profile,
-                                       fit_step_model)
+from lbbench.profiling.measure import Measurement, MeasureError, Observation, fit_profile, fit_step_model
 
 TRUE = dict(api_overhead_s=0.004, base_s=0.008, prefill_token_s=1.5e-4, decode_seq_s=2e-4, context_token_s=5e-7)
 

@@ -38,7 +38,7 @@ from aiohttp import web
 from ...core import Failed, Finished, FirstToken, Request
 from ...profiles import Profile
 from ...sim.instance import SimInstance
-from ...live.metrics import render_metrics
+from .metrics_page import render_metrics
 
 
 def zero_latency_profile() -> Profile:

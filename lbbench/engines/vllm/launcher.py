@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ...errors import SetupError
 from .placement import Placement, PlacementError, available_cores, bind_current_process, bind_process, \
     cores_label, pin_client, plan_placement, shared_placement
 from .tiny_model import TINY_NAME
@@ -47,7 +48,7 @@ from .tiny_model import TINY_NAME
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(SetupError):
     """A server could not be started (the message says which and why)."""
 
 
