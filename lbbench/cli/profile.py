@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 import tomli_w
 
-from .common import launch_as_profile, requests_for
+from ..experiment import annotated_requests
+from .common import launch_as_profile
 from .flags import (api_server_option, backend_and_workload_options, cpus_per_instance_option, load_options,
                     log_dir_option, port_option, predictor_option, repeats_option, seed_option, ttft_fit_option,
                     vllm_python_option)
@@ -292,9 +293,9 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     ctx = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
                              port_base=port_base, cpus_per_instance=cpus_per_instance,
                              api_server_cores=api_server_cores)
-    reqs = requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
-                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, predictor=predictor)
+    reqs = annotated_requests(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+                              rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
+                              output_tokens=output_tokens, predictor=predictor)
 
     def make_router(n: int, p=prof):
         return get_router(router, num_instances=n, seed=seed, profile=p)

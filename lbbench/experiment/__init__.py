@@ -12,10 +12,10 @@ A run is written through every run through ``lbbench.rundir``, the one writer an
 from .config import LEARNED_ROUTERS, WORKLOADS, ConfigError, RunConfig, Variant, workload_label
 from .runner import RunOutcome, default_out_dir, run_experiment, simulate
 from .units import Reporter, Unit, UnitOutput, Work, plan, plan_all, run_columns, works
-from .workload import build_requests
+from .workload import annotated_requests, build_requests
 
 __all__ = [
-    "LEARNED_ROUTERS", "WORKLOADS", "ConfigError", "Reporter", "RunConfig", "RunOutcome", "Unit", "UnitOutput",
+    "LEARNED_ROUTERS", "WORKLOADS", "annotated_requests", "ConfigError", "Reporter", "RunConfig", "RunOutcome", "Unit", "UnitOutput",
     "Variant", "Work", "build_requests", "default_out_dir", "plan", "plan_all", "run_columns", "run_experiment",
     "simulate", "workload_label", "works",
 ]

@@ -37,6 +37,7 @@ import polars as pl
 
 from ..metrics.reference import BASELINE_ROUTERS, with_reference
 from ..metrics.summary import summarize
+from ..routers.lookahead import parse_params
 from ..rundir import HEADROOM_FILE, read_requests
 from .config import ConfigError, RunConfig
 from .runner import run_experiment
@@ -101,6 +102,7 @@ def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | No
     """
     if cfg.live:
         raise ConfigError("headroom runs on the simulator only (the planner is an oracle)", "endpoints")
+    parse_params(dict(planner_options or {}))  # a bad planner option fails before any run
     out = Path(out_dir)
     reporter = reporter or Reporter()
     asked = [r for r in (routers or []) if r not in (PLANNER, PLANNER_REORDER)]

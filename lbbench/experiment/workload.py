@@ -6,6 +6,7 @@ Seeds are paired: for a given seed (and arrival order) every router sees exactly
 from __future__ import annotations
 
 from ..core import Request
+from ..predict import annotate, load_predictor
 from ..profiles import Profile
 from .config import WORKLOADS, ConfigError, RunConfig
 
@@ -43,3 +44,18 @@ def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | Non
     raise ConfigError(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)}, "
                       "sessions[:K=V,...], shared-prefix[:K=V,...], dataset:FILE, or give a trace file)",
                       "workload")
+
+
+def annotated_requests(profile: Profile, profile_name: str, *, workload: str, trace: str | None,
+                       max_prompt_tokens: int | None, rate: float, requests: int, seed: int, prompt_tokens: str,
+                       output_tokens: str, predictor: str, trace_options: dict | None = None,
+                       burstiness: float = 1.0) -> list[Request]:
+    """The requests of a workload (or trace) for ``profile``, annotated by ``predictor``: what fidelity and
+    calibration replay live and simulate."""
+    opts = dict(trace_options or {})
+    if max_prompt_tokens:
+        opts["max_prompt_tokens"] = max_prompt_tokens
+    cfg = RunConfig(profile=profile_name, workload=workload, trace=trace, rate_per_s=rate, requests=requests,
+                    trace_options=opts, seed=seed, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                    predictor=predictor, burstiness=burstiness)
+    return annotate(build_requests(cfg, profile, seed, None), load_predictor(predictor, profile=profile, seed=seed))

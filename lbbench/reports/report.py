@@ -68,7 +68,7 @@ class Report:
         from .plots import report_plots  # lazy: optional extra (matplotlib)
 
         main = self.table("main")
-        timelines = [(info.label, info.timeline_path) for info in self.runs.infos]
+        timelines = [(info.label, info.timeline()) for info in self.runs.infos]
         return report_plots(self.runs.requests, self.keys, self.baseline, None if main is None else main.df,
                             self.slo, timelines)
 

@@ -53,6 +53,11 @@ class RunInfo:
                 return p
         return None
 
+    def timeline(self) -> pl.LazyFrame | None:
+        """The run's per-instance samples, scanned lazily (None when it has none)."""
+        path = self.timeline_path
+        return None if path is None else pl.scan_parquet(path)
+
 
 @dataclass
 class Runs:
@@ -67,8 +72,7 @@ class Runs:
 
     def timeline(self) -> pl.LazyFrame | None:
         """The runs' ``timeline.parquet`` rows (with ``run``), or None when no run has one."""
-        frames = [pl.scan_parquet(i.timeline_path).with_columns(run=pl.lit(i.label))
-                  for i in self.infos if i.timeline_path is not None]
+        frames = [tl.with_columns(run=pl.lit(i.label)) for i in self.infos if (tl := i.timeline()) is not None]
         if not frames:
             return None
         return pl.concat(frames, how="diagonal_relaxed")
