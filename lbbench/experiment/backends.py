@@ -208,19 +208,19 @@ class LiveFleet:
             self._prepared = requests
 
     def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
-        from ..harness.replay import run_replay  # lazy: the replay client (aiohttp) would slow every sim start
+        from ..harness.replay import ReplaySettings, run_replay  # lazy: the replay client (aiohttp) would slow every sim start
 
         cfg, unit = self.cfg, work.unit
-        res = run_replay(requests, router, self.endpoints, model=cfg.model, specs=self.specs,
-                         run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed,
-                         out_dir=self.run_dir.partial_dir(work.label) if self.run_dir else None,
-                         request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
-                         priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
-                         scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
-                         stream_workers=cfg.stream_workers, load_workers=cfg.load_workers or 0,
-                         ray=self._ray_connected(), send_lead_s=cfg.send_lead_s, keep_token_times=False,
-                         saturation=saturation_policy(cfg, requests),
-                         progress=lambda done, total: reporter.unit_progress(work.label, done, total))
+        settings = ReplaySettings(
+            run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed, model=cfg.model, specs=self.specs,
+            out_dir=self.run_dir.partial_dir(work.label) if self.run_dir else None,
+            request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
+            priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
+            scrape_interval_s=cfg.timeline_interval_s, label=unit.router, stream_workers=cfg.stream_workers,
+            load_workers=cfg.load_workers or 0, ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
+            keep_token_times=False, saturation=saturation_policy(cfg, requests),
+            progress=lambda done, total: reporter.unit_progress(work.label, done, total))
+        res = run_replay(requests, router, self.endpoints, settings)
         if res.load_workers:
             self.worker_rows += [{"unit": unit.label, **row} for row in res.load_workers]
             reporter.note(f"{unit.label}: " + "; ".join(

@@ -181,11 +181,12 @@ def live_replay(requests: Sequence[Request], router, endpoints: Sequence[str], p
     the profile's ``InstanceSpec`` (the simulator gives the routers the same one), the profile's decision epoch,
     no metrics scraping (it would load the host the engines share); ``RuntimeError`` naming ``what`` when the
     replay did not complete."""
-    from ..harness.replay import run_replay
+    from ..harness.replay import ReplaySettings, run_replay
 
     specs = [profile.instance_spec()] * len(endpoints)
-    res = run_replay(requests, router, endpoints, specs=specs, run_id=run_id, seed=seed,
-                     min_step_s=profile.min_step_s, scrape_interval_s=None)
+    res = run_replay(requests, router, endpoints,
+                     ReplaySettings(specs=specs, run_id=run_id, seed=seed, min_step_s=profile.min_step_s,
+                                    scrape_interval_s=None))
     if not res.complete:
         raise RuntimeError(f"{what} did not complete")
     return res.records
