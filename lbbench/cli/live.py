@@ -15,7 +15,12 @@ from pathlib import Path
 
 import click
 
-from .flags import api_server_option, cpus_per_instance_option, log_dir_option, port_option, vllm_python_option
+from ..engines.vllm.launcher import LaunchError, launch
+from ..experiment.config import profile_ref
+from ..fleet import FleetError, parse_fleet
+from ..profiles import ProfileError
+from .flags import (api_server_option, cpus_per_instance_option, log_dir_option, port_option, user_message,
+                    vllm_python_option)
 
 
 def _write_endpoints(path: str | None, urls: list[str]) -> None:
@@ -57,8 +62,6 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
                api_server_cores: str, extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
-    from ..engines.vllm.launcher import LaunchError, launch
-
     cp = {"on": True, "off": False, "default": None}[chunked_prefill]
     # Ctrl-C stops the servers even when started from a shell that ignores SIGINT
     # for background jobs (SIGTERM is handled by the launcher).
@@ -81,7 +84,6 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     except KeyboardInterrupt:
         pass
     except LaunchError as exc:
-        from .flags import user_message
         first, rest = user_message(exc), str(exc).partition("\n")[2]
         if not rest:  # a bad layout or flag: the command group prints it in one line (exit 2)
             raise
@@ -123,10 +125,8 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
       lbbench serve-sim --fleet llama3.1-8b-a100:1,llama3.1-8b-l4:1 --endpoints-file eps.txt
       lbbench run --endpoints eps.txt --router least_work_speed     # routers assume each URL@PROFILE
     """
+    # lazy: start-up time (the emulator's aiohttp server, ~190 ms)
     from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
-    from ..experiment.config import profile_ref
-    from ..fleet import FleetError, parse_fleet
-    from ..profiles import ProfileError
 
     profiles = None
     if fleet is not None:

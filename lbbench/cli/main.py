@@ -17,6 +17,8 @@ from typing import Any
 import click
 
 from ..errors import UserError
+from ..profiles import available_profiles, load_profile
+from ..routers import available_routers
 from .flags import user_message
 
 
@@ -39,7 +41,6 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def routers_cmd(fmt: str) -> None:
     """List the registered routers."""
-    from ..routers import available_routers
     items = available_routers()
     if fmt == "json":
         click.echo(json.dumps([{"name": k, "description": v} for k, v in items.items()], indent=2))
@@ -53,7 +54,7 @@ def routers_cmd(fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_cmd(fmt: str) -> None:
     """List the shipped profiles (model x hardware x engine setting)."""
-    from ..profiles import available_profiles, load_profile
+    # lazy: start-up time (the roofline's GPU and model tables, ~12 ms)
     from ..profiling.physics import implied_utilization
     rows = []
     for name in available_profiles():

@@ -7,11 +7,13 @@ config, draws progress, and renders the summary. Simulated and live runs take th
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -19,13 +21,17 @@ from rich.table import Table
 from ..distributed import UnitError, get_executor
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..live.saturation import DEFAULT_WINDOW_S
-from ..metrics.summary import to_json
-from ..rundir import DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests, scan_requests
-from ..reports.render import cell
+from ..metrics.summary import Slo, to_json
+from ..profiles import load_profile
+from ..reports.render import cell, to_rich
+from ..reports.tables import instances_table
+from ..routers.registry import needs_simulator
+from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests,
+                      scan_requests)
 from .common import err_console
 from .find_rate import find_rate_cli
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
-from .trace import trace_transform_options
+from .trace import trace_options, trace_transform_options
 
 
 def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
@@ -74,8 +80,6 @@ class _RichReporter(Reporter):
 
 def config_from_flags(kw: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` the flags ask for (flag syntax is checked here, values by ``RunConfig.check``)."""
-    from .trace import trace_options
-
     trace_opts = trace_options(kw)
     routers = split_csv(kw["routers"])
     rates = _rates(kw["rate"])
@@ -277,8 +281,6 @@ def run_cmd(**kw: Any) -> None:
       lbbench run --endpoint http://gpu-1:8000 --endpoint http://gpu-2:8000 --trace prod.parquet --router jsq
       lbbench run --endpoint http://gateway:30000 --model MODEL --tokenizer http://gpu-1:8000 --trace prod.parquet
     """
-    from ..profiles import load_profile
-
     if kw["find_rate"]:
         find_rate_cli(config_from_flags(kw), kw)
         return
@@ -331,7 +333,6 @@ def _resume_dir(resume: str, out: str | None) -> Path:
 
 def _say_rejections(out_dir: Path, profile: Any) -> None:
     """One line per kind of request that did not complete: how many, why, and what changes it."""
-    import polars as pl
     df = read_requests(out_dir)
     if df is None or "error" not in df.columns or df.height == 0:
         return
@@ -353,8 +354,6 @@ def _say_rejections(out_dir: Path, profile: Any) -> None:
 
 def _launch_args(values: Any) -> dict[int, list[str]]:
     """``("1:--no-enable-chunked-prefill --max-num-seqs 8", ...)`` -> ``{1: [...]}`` (shell words)."""
-    import shlex
-
     out: dict[int, list[str]] = {}
     for v in values:
         index, sep, args = v.partition(":")
@@ -428,7 +427,6 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         click.echo(to_json(summary))
         return
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    from ..routers.registry import needs_simulator
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
@@ -465,8 +463,6 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         _print_pivot(console, summary, keys)
     requests = scan_requests(out_dir)
     if not fleet.is_uniform and requests is not None:  # how each kind of instance fared
-        from ..reports.render import to_rich
-        from ..reports.tables import instances_table
         to_rich([instances_table(requests, cfg.group_keys())], console)
     more = f", {DECISIONS_FILE}" if has_decisions(out_dir) else ""
     console.print(f"[dim]wrote {out_dir}/{REQUESTS_FILE}, {SUMMARY_FILE}{more}, {RUN_TOML}[/dim]")
@@ -494,6 +490,5 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 
 
 def _slo_text(cfg: RunConfig) -> str:
-    from ..metrics.summary import Slo
     return Slo(**cfg.slo).describe()
 run = run_cmd

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from ..core import Request
 from ..workloads.errors import WorkloadError
@@ -150,9 +152,6 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def _print_table(stats: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     rate = stats["rate_per_s"]
     console.print(f"[bold]{stats.get('file', '')}[/bold] ({stats.get('format', '?')}): "

@@ -69,9 +69,11 @@ from ..engines import VLLM, Engine, get_engine
 from ..errors import InputError
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
+from ..live.load_workers import LoadWorkers, LoadWorkerSettings, worker_summary
 from ..live.memtrace import MemTrace
 from ..live.metrics import parse_metrics
 from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
+from ..live.workers import StreamWorkers, WorkerSettings
 from ..rundir import RecordLog
 
 #: the error of a request never sent because its step saturated, and of one aborted in flight (``cancel``)
@@ -360,14 +362,12 @@ class _Replay:
         if self.detector is not None and self.detector.saturated:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
-            from ..live.load_workers import worker_summary
             res.clock_offsets = [w.clock.offset_s for w in self.lw.info]
             sends = res.frame().select("load_worker", "actual_send_s", "planned_send_s").collect()
             res.load_workers = worker_summary(self.lw.info, sends, self.lw.clock_history)
         return res
 
     def _start_workers(self):
-        from ..live.workers import StreamWorkers, WorkerSettings
         settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,
                                   engine=self.engine.name, request_timeout_s=self.s.request_timeout_s,
                                   min_step_s=self.s.min_step_s,
@@ -375,7 +375,6 @@ class _Replay:
         return StreamWorkers(self.s.stream_workers, settings)
 
     def _start_load_workers(self):
-        from ..live.load_workers import LoadWorkers, LoadWorkerSettings
         settings = LoadWorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,
                                       engine=self.engine.name, request_timeout_s=self.s.request_timeout_s,
                                       min_step_s=self.s.min_step_s,

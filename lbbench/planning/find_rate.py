@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
 from ..experiment import ConfigError, Reporter, RunConfig, run_experiment
 from ..profiles import Profile
 from .search import Probe, RateResult, max_rate, sequential_attainment
@@ -130,8 +132,6 @@ def _rate(v: float | None) -> str:
 
 def print_rates(rows: list[FindRateRow], fc: FindRateConfig, title: str, console: Any) -> None:
     """The table: router, scheduler, rate found, bracket, attainment at the rate and at the bracket's top."""
-    from rich.table import Table
-
     table = Table(title=title)
     for name in ("router", "scheduler", "rate (req/s)", "bracket (req/s)", "at rate", "above", "probes",
                  "seeds run", "wall (s)"):
