@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 
+from ..engines.vllm.launcher import launch
 
 err_console = Console(stderr=True)
 
@@ -17,8 +18,6 @@ def launch_as_profile(prof: Any, launch_model: str | None, endpoint: Any, instan
                       log_dir: Any, port_base: int, cpus_per_instance: int | None = None,
                       api_server_cores: str = "client") -> Any:
     """The live instances: ``--launch`` started as the profile's engine is configured, else ``--endpoint``s."""
-    from ..engines.vllm.launcher import launch  # lazy: start-up time (the launcher loads the live client stack)
-
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give --endpoint URL (one per instance) or --launch MODEL, not both")
     if launch_model is None:

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Sequence
 
 import click
-import polars as pl
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..distributed import get_executor

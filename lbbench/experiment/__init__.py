@@ -15,7 +15,7 @@ from .units import Reporter, Unit, UnitOutput, Work, plan, plan_all, run_columns
 from .workload import annotated_requests, build_requests
 
 __all__ = [
-    "LEARNED_ROUTERS", "WORKLOADS", "annotated_requests", "ConfigError", "Reporter", "RunConfig", "RunOutcome", "Unit", "UnitOutput",
-    "Variant", "Work", "build_requests", "default_out_dir", "plan", "plan_all", "run_columns", "run_experiment",
-    "simulate", "workload_label", "works",
+    "LEARNED_ROUTERS", "WORKLOADS", "ConfigError", "Reporter", "RunConfig", "RunOutcome", "Unit", "UnitOutput",
+    "Variant", "Work", "annotated_requests", "build_requests", "default_out_dir", "plan", "plan_all", "run_columns",
+    "run_experiment", "simulate", "workload_label", "works",
 ]

@@ -208,7 +208,8 @@ class LiveFleet:
             self._prepared = requests
 
     def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
-        from ..harness.replay import ReplaySettings, run_replay  # lazy: the replay client (aiohttp) would slow every sim start
+        # lazy: the replay client (aiohttp) would slow every sim start
+        from ..harness.replay import ReplaySettings, run_replay
 
         cfg, unit = self.cfg, work.unit
         settings = ReplaySettings(

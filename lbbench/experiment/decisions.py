@@ -18,7 +18,8 @@ regret is the chosen action's cost minus the cheapest candidate's (>= 0: the cho
 seconds of summed E2E. This is the planner's own evaluation (``lookahead.fork_cost``) with the unit's router as
 the base policy (tested equal on an exact horizon).
 
-``frame()`` gives the ``decisions.parquet`` rows of the unit (``lbbench.rundir.DECISION_SCHEMA``); ``lbbench.rundir`` writes them.
+``frame()`` gives the ``decisions.parquet`` rows of the unit (``lbbench.rundir.DECISION_SCHEMA``);
+``lbbench.rundir`` writes them.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ import polars as pl
 from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, Request, RequestRecord,
                     TokensGenerated, chain_sessions)
 from ..dispatch import Router
-from ..engines import VLLM, Engine, get_engine
+from ..engines import Engine, get_engine
 from ..errors import InputError
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc

@@ -37,9 +37,9 @@ from .writer import RunDir, summarize_requests, write_requests, write_tables
 
 __all__ = [
     "CHUNK_GLOB", "DECISION_SCHEMA", "DECISIONS_FILE", "HEADROOM_FILE", "METRICS_FILE", "PARTIAL_DIR",
-    "PARTIAL_RECORDS", "RECORD_SCHEMA", "REQUESTS_FILE", "RUN_TOML", "RunDir", "RunDirError", "RunInfo", "Runs",
-    "RecordLog", "SETTING_COLUMNS", "SUMMARY_FILE", "TIMELINE_FILE", "TIMELINE_SCHEMA", "clean", "group_keys", "load_runs",
-    "has_decisions", "read_decisions", "read_requests", "read_run_toml", "read_summary", "read_unit_tables", "records_frame",
-    "scan_requests", "settings_of", "summarize_requests", "timeline_frame", "write_requests", "write_run_doc", "write_run_toml",
-    "varying_settings", "write_tables",
+    "PARTIAL_RECORDS", "RECORD_SCHEMA", "REQUESTS_FILE", "RUN_TOML", "SETTING_COLUMNS", "SUMMARY_FILE", "TIMELINE_FILE",
+    "TIMELINE_SCHEMA", "RecordLog", "RunDir", "RunDirError", "RunInfo", "Runs", "clean", "group_keys", "has_decisions",
+    "load_runs", "read_decisions", "read_requests", "read_run_toml", "read_summary", "read_unit_tables",
+    "records_frame", "scan_requests", "settings_of", "summarize_requests", "timeline_frame", "varying_settings",
+    "write_requests", "write_run_doc", "write_run_toml", "write_tables",
 ]
