@@ -15,7 +15,8 @@ from pathlib import Path
 
 import click
 
-from ..engines.vllm.launcher import LaunchError, launch
+from ..engines.vllm.launcher import LaunchError
+from ..engines.vllm.launcher import launch as launch_servers  # `launch` is this module's command
 from ..experiment.config import profile_ref
 from ..fleet import FleetError, parse_fleet
 from ..profiles import ProfileError
@@ -67,7 +68,7 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     # for background jobs (SIGTERM is handled by the launcher).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
+        with launch_servers(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),
                     vllm_python=vllm_python, log_dir=log_dir, port_base=port_base,
                     health_timeout_s=health_timeout_s, cpus_per_instance=cpus_per_instance,

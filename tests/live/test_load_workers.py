@@ -116,12 +116,12 @@ def test_load_workers_through_the_cli(fleet, run_on_fleet, tmp_path):
 def test_workers_remeasure_their_clock_offset_during_the_run(fleet, tmp_path, monkeypatch):
     import dataclasses
 
-    import lbbench.live.load_workers as lw
-    real = lw.LoadWorkers
+    import lbbench.harness.replay as replay
+    real = replay.LoadWorkers
 
     def every_half_second(n, settings, **kw):
         return real(n, dataclasses.replace(settings, resync_every_s=0.5), **kw)
-    monkeypatch.setattr(lw, "LoadWorkers", every_half_second)
+    monkeypatch.setattr(replay, "LoadWorkers", every_half_second)  # where the replay looks it up
     reqs = _requests(160, 40.0)  # 4 s of arrivals: several re-measurements per worker
     res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints,
                      ReplaySettings(run_id="lw", seed=0, load_workers=2, scrape_interval_s=None, out_dir=tmp_path))
