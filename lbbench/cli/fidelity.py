@@ -25,8 +25,6 @@ from rich.table import Table
 from ..engines.vllm.launcher import placement_of
 from ..experiment import annotated_requests
 from ..profiles import load_profile
-from ..profiling.fidelity import run_fidelity
-from ..profiling.transfer_check import FIDELITY_FILE, TransferCheck, run_transfer_check
 from .common import launch_as_profile
 from .flags import (backend_and_workload_options, load_options, predictor_option, repeats_option, seed_option,
                     ttft_fit_option)
@@ -83,6 +81,9 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
     same way (Kendall tau). With --calibrate-on/--check-on: calibrate on one workload, report the errors on
     others (transfer)."""
+    from ..profiling.fidelity import run_fidelity  # lazy: start-up time (fidelity's own modules, ~40 ms)
+    from ..profiling.transfer_check import FIDELITY_FILE, TransferCheck  # lazy: start-up time (as above)
+
     names = [r.strip() for r in routers.split(",") if r.strip()]
     prof = load_profile(profile_name)
     if prefix_caching is not None:
@@ -137,6 +138,8 @@ def fidelity_cmd(ctx: click.Context, profile_name: str, endpoint: tuple[str, ...
 def _transfer(ctx: click.Context, check: TransferCheck, launch: dict[str, Any], fmt: str,
               max_error_pct: float | None) -> None:
     """``--calibrate-on``: the flags checked, then ``run_transfer_check`` on the launched or attached instances."""
+    from ..profiling.transfer_check import run_transfer_check  # lazy: start-up time (fidelity's own modules)
+
     for flag, param in (("--trace", "trace"), ("--workload", "workload"), ("--max-prompt-tokens", "max_prompt_tokens")):
         if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE:
             raise click.UsageError(f"{flag} does not go with --calibrate-on: name each workload in --calibrate-on "

@@ -19,7 +19,6 @@ from rich.table import Table
 
 from ..distributed import get_executor
 from ..experiment import ConfigError
-from ..experiment.headroom import run_headroom
 from ..profiles import load_profile
 from ..rundir import HEADROOM_FILE
 from .flags import ray_option, split_csv
@@ -107,6 +106,8 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
       lbbench headroom --profile llama2-7b-v100 --instances 4 --workload paper-mix --rate 20 --requests 2000
       lbbench headroom --fleet llama3.1-8b-a100:2,llama3.1-8b-l4:2 --rate 60 --requests 500 --seeds 2
     """
+    from ..experiment.headroom import run_headroom  # lazy: start-up time (the headroom parts and the planner)
+
     flags = dict(run_cmd.make_context("run", []).params)  # lbbench run's defaults for what headroom leaves out
     flags.update({k: kw[k] for k in ("profile", "instances", "fleet", "workload", "trace", "rate", "requests",
                                      "predictor", "seeds", "seed", "burstiness", "jobs", "router_opts")})

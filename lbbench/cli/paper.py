@@ -55,8 +55,6 @@ from ..distributed import get_executor
 from ..experiment import RunConfig, plan_all, run_experiment
 from ..predict.metadata import MODEL_FILE, train_from_trace
 from ..profiles import ProfileError, load_profile
-from ..routers.rl import CheckpointError
-from ..routers.rl.policy import shipped_checkpoint
 from ..rundir import read_summary
 from ..workloads.errors import TraceError
 from .common import err_console
@@ -224,6 +222,9 @@ def _with_profile(args: list[str], profile: str) -> list[str]:
 
 def _without_missing_checkpoints(args: list[str], profile: str) -> list[str]:
     """``args`` less the learned routers that have no shipped checkpoint for ``profile`` (each noted)."""
+    from ..routers.rl import CheckpointError  # lazy: start-up time (the RL policy stack, for this check only)
+    from ..routers.rl.policy import shipped_checkpoint  # lazy: start-up time (as above)
+
     out = list(args)
     i = out.index("--router")
     instances = int(out[out.index("--instances") + 1])

@@ -22,8 +22,6 @@ from ..experiment import ConfigError, RunConfig
 from ..metrics.summary import Slo
 from ..planning import PlanConfig, plan_capacity
 from ..planning.capacity import write_outcome
-from ..planning.mix import plan_mix, print_mix
-from ..planning.render import attainment_png, print_table, to_html, to_json
 from .common import err_console
 from .flags import ray_option, slo_limits, split_csv
 from .trace import trace_options, trace_transform_options
@@ -122,6 +120,8 @@ def plan_cmd(**kw: Any) -> None:
           --model llama-3.1-8b --gpu a100-80gb,h100,l4 --router round_robin,jsq_speed \\
           --price-file examples/prices.example.toml
     """
+    from ..planning.render import attainment_png, print_table, to_html, to_json  # lazy: start-up time
+
     cfg = plan_config_from_flags(kw)
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else None
     if kw["mix"]:
@@ -172,6 +172,8 @@ def plan_cmd(**kw: Any) -> None:
 
 def _plan_mix(cfg: Any, kw: dict[str, Any], out_dir: Path | None) -> None:
     """``--mix``: the cheapest fleet per router (``planning.mix``), as a table or JSON (and ``DIR/mix.json``)."""
+    from ..planning.mix import plan_mix, print_mix  # lazy: start-up time (the fleet search, ~15 ms)
+
     if kw["fmt"] == "html":
         raise InputError("--mix writes a table or JSON; give --format table or json", "format")
 

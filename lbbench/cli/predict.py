@@ -20,7 +20,6 @@ import click
 
 from ..predict.base import SCHEMES, PredictorSpecError, get_scheme
 from ..predict.data import DataError, load_corpus, stratified_split, token_counter_name
-from ..predict.evaluate import evaluate_dir, model_kind
 from ..predict.metadata import train_metadata_model
 from ..predict.regression import LengthTrainConfig, train_length_model
 from ..predict.text import TextTrainConfig, train_text_model
@@ -176,6 +175,7 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
                                      num_layers=num_layers, seed=seed)
     model.save(out_dir)
     log(f"trained in {model.config.train_seconds:.1f} s; saved to {out_dir}")
+    from ..predict.evaluate import evaluate_dir  # lazy: start-up time (the evaluation's metrics)
 
     report = evaluate_dir(out_dir, test)
     report["data"] = [str(p) for p in data]
@@ -197,6 +197,8 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def eval_cmd(model_dir, data, models, max_examples, no_quantize, precision, compare_precisions, seed, fmt) -> None:
     """Evaluate a saved predictor on a corpus (prompts seen in training are skipped)."""
+    from ..predict.evaluate import evaluate_dir, model_kind  # lazy: start-up time (the evaluation's metrics)
+
     try:
         metadata = model_kind(model_dir) == "metadata"
     except PredictorSpecError as exc:

@@ -16,7 +16,6 @@ import tomli_w
 from ..engines.vllm.launcher import launch, visible_gpus
 from ..experiment import annotated_requests
 from ..profiles import load_profile
-from ..profiling.calibrate import calibrated_toml, fit, live_replays
 from ..profiling.gpus import get_gpu
 from ..profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
 from ..profiling.models import load_model_config
@@ -284,6 +283,9 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     path = Path(profile_name)
     if path.suffix != ".toml" or not path.is_file():
         raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
+    # lazy: start-up time (calibration and fidelity's modules, ~20 ms)
+    from ..profiling.calibrate import calibrated_toml, fit, live_replays
+
     prof = load_profile(path)
     ctx = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
                              port_base=port_base, cpus_per_instance=cpus_per_instance,

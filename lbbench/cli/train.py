@@ -39,7 +39,6 @@ from click.core import ParameterSource
 from ..experiment import WORKLOADS
 from ..fleet import FleetError
 from ..profiles import ProfileError, load_profile
-from ..routers.rl.policy import load_policy
 from ..training.config import RECIPES, TrainConfig, field_help
 from ..errors import InputError
 from .flags import ray_option
@@ -153,6 +152,7 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
     if len(val):
         line += f"; exported network: validation mean E2E {val.min():.2f} s"
     click.echo(line)
+    from ..routers.rl.policy import load_policy  # lazy: start-up time (the RL policy stack)
     meta = load_policy(out).meta
     v = meta.get("validation")
     if v:

@@ -25,9 +25,6 @@ Ray cluster that ``connect`` joined for them.
 from __future__ import annotations
 
 import math
-import multiprocessing
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .ray_cluster import cluster_cpus, connect, node_names, require_ray, shutdown
@@ -116,6 +113,10 @@ class ProcessExecutor(Executor):
         return {"executor": self.name, "jobs": self.jobs}
 
     def submit(self, units: Sequence[T], fn: Callable[[T], R]) -> Iterator[tuple[int, R]]:
+        import multiprocessing  # lazy: start-up time (the process pool's machinery, for --jobs N only)
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # lazy: start-up time (as above)
+        from concurrent.futures.process import BrokenProcessPool  # lazy: start-up time (as above)
+
         units = list(units)
         todo = batches(len(units), self.batch_size or auto_batch_size(len(units), self.jobs, tasks_per_cpu=8))
         todo.reverse()  # pop() from the end takes them in order
