@@ -34,7 +34,7 @@ from bench_proxy import wait_healthy  # noqa: E402
 
 from lbbench.core import Request  # noqa: E402
 from lbbench.engines.vllm.emulator import free_port_range  # noqa: E402
-from lbbench.harness.replay import run_replay  # noqa: E402
+from lbbench.harness.replay import ReplaySettings, run_replay  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
 
@@ -81,8 +81,9 @@ def one_run(urls: list[str], rate: float, duration_s: float, workers: int, outpu
     sampler = WorkerCpu()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     # no out_dir: the records go to a temporary folder of the result's own, read back below
-    res = run_replay(reqs, get_router("round_robin", num_instances=len(urls)), urls, run_id="bench", seed=0,
-                     scrape_interval_s=None, load_workers=workers, warm_connections=64)
+    res = run_replay(reqs, get_router("round_robin", num_instances=len(urls)), urls,
+                     ReplaySettings(run_id="bench", seed=0, scrape_interval_s=None, load_workers=workers,
+                                    warm_connections=64))
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     driver_cpu_s = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
     worker_cpu_s = sampler.used_since_s(res.clock_origin_s)

@@ -16,7 +16,7 @@ import time
 
 from lbbench.experiment import RunConfig
 from lbbench.planning import PlanConfig, plan_capacity
-from lbbench.reports.summary import Slo
+from lbbench.metrics.summary import Slo
 
 TARGET_WALL_S = 300.0
 

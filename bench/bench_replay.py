@@ -38,7 +38,7 @@ import numpy as np
 
 from lbbench.core import Request
 from lbbench.engines.vllm.launcher import find_vllm_python
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 
 PROMPT_TOKENS = 32
@@ -108,8 +108,8 @@ def start_server(port: int) -> tuple[subprocess.Popen, str]:
 def ours(url: str, rate: float, n: int, server_pid: int) -> Row:
     reqs = [Request(i, i / rate, PROMPT_TOKENS, OUTPUT_TOKENS) for i in range(n)]
     c0, s0 = _self_cpu_s(), _cpu_s(server_pid)
-    res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [url], model=MODEL,
-                     run_id="bench", seed=0, scrape_interval_s=1.0)
+    res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [url],
+                     ReplaySettings(model=MODEL, run_id="bench", seed=0, scrape_interval_s=1.0))
     c1, s1 = _self_cpu_s(), _cpu_s(server_pid)
     recs = sorted(res.records, key=lambda r: r.request_id)
     sends = [r.actual_send_s for r in recs if r.actual_send_s is not None]

@@ -42,8 +42,8 @@ import polars as pl
 from lbbench.distributed import get_executor
 from lbbench.experiment import RunConfig, simulate
 from lbbench.profiles import load_profile
-from lbbench.reports.reference import BASELINE_ROUTERS, with_reference
-from lbbench.reports.summary import Slo, per_seed, summarize
+from lbbench.metrics.reference import BASELINE_ROUTERS, with_reference
+from lbbench.metrics.summary import Slo, per_seed, summarize
 
 NAME = "late_binding_srpt"
 SCHEDULERS = ("fcfs", "least_work_left", "priority")

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import polars as pl
 
-from lbbench.experiment import records_frame
+from lbbench.rundir import records_frame
 from lbbench.profiles import load_profile
-from lbbench.reports.summary import Slo, per_seed
+from lbbench.metrics.summary import Slo, per_seed
 from lbbench.routers import get_router
 from lbbench.sim.cluster import ClusterSim
 from lbbench.workloads.sessions import parse_session_spec, sessions

@@ -15,8 +15,8 @@ import json
 
 import numpy as np
 
-from lbbench.cli.common import requests_for
 from lbbench.engines.vllm.emulator import free_port_range
+from lbbench.experiment import annotated_requests
 from lbbench.engines.vllm.launcher import launch
 from lbbench.profiles import load_profile
 from lbbench.profiling.fidelity import live_replay, stats
@@ -37,10 +37,11 @@ def main() -> None:
     prof = load_profile(a.profile)
     f = parse_workload_spec(a.spec, "spec").run_config_fields({"requests": 80, "rate_per_s": 1.5, "seed": 0,
                                                                 "prompt_tokens": "128", "output_tokens": "128"})
-    reqs = requests_for(prof, a.profile, workload=f.get("workload", "poisson"), trace=f.get("trace"),
-                         max_prompt_tokens=None, rate=f["rate_per_s"], requests=f["requests"], seed=f["seed"],
-                         prompt_tokens=f["prompt_tokens"], output_tokens=f["output_tokens"], predictor="oracle",
-                         trace_options=f.get("trace_options") or {}, burstiness=f.get("burstiness", 1.0))
+    reqs = annotated_requests(prof, a.profile, workload=f.get("workload", "poisson"), trace=f.get("trace"),
+                              max_prompt_tokens=None, rate=f["rate_per_s"], requests=f["requests"], seed=f["seed"],
+                              prompt_tokens=f["prompt_tokens"], output_tokens=f["output_tokens"],
+                              predictor="oracle", trace_options=f.get("trace_options") or {},
+                              burstiness=f.get("burstiness", 1.0))
     extra = [] if prof.enable_prefix_caching else ["--no-enable-prefix-caching"]
     rows = []
     for n in range(a.launches):

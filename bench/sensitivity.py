@@ -16,7 +16,7 @@ import polars as pl
 
 from lbbench.experiment import RunConfig, simulate
 from lbbench.profiles import load_profile
-from lbbench.reports.summary import summarize
+from lbbench.metrics.summary import summarize
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ from bench_proxy import wait_healthy  # noqa: E402
 from lbbench.core import Request  # noqa: E402
 from lbbench.engines.vllm.emulator import free_port, free_port_range  # noqa: E402
 from lbbench.experiment.config import auto_load_workers  # noqa: E402
-from lbbench.harness.replay import run_replay  # noqa: E402
+from lbbench.harness.replay import ReplaySettings, run_replay  # noqa: E402
 from lbbench.live.saturation import backlog_at, slope  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
@@ -227,9 +227,9 @@ def run_soak(args: argparse.Namespace, soak_args: argparse.Namespace, run_id: st
     try:
         chaos.start()
         # no out_dir: the records are streamed to a temporary folder of the result's own (``res.records``)
-        res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway], run_id=run_id,
-                         seed=args.seed, scrape_interval_s=None, load_workers=workers,
-                         request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False)
+        res = run_replay(reqs, get_router("round_robin", num_instances=1), [soak.gateway],
+                         ReplaySettings(run_id=run_id, seed=args.seed, scrape_interval_s=None, load_workers=workers,
+                                        request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False))
         soak.sample()
     finally:
         soak.close(chaos)

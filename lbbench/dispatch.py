@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence, runtime_checkable
 
 from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request
+from .errors import SetupError
 
 
 @runtime_checkable
@@ -47,7 +48,7 @@ class EpochGuard(Protocol):
         ...
 
 
-class RouterError(RuntimeError):
+class RouterError(SetupError):
     """A router returned a decision that cannot be carried out."""
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .core import InstanceSpec
+from .errors import InputError
 from .profiles import Profile, ProfileError, available_profiles, load_profile
 
 
-class FleetError(ValueError):
+class FleetError(InputError):
     """A fleet spec that cannot be used; the message is one line naming the entry at fault."""
 
 

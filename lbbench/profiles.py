@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from .core import InstanceSpec
+from .errors import InputError
 from .roofline import RooflineEfficiency, RooflineError, RooflineShape, RooflineStepModel
 from .step_model import LinearStepModel, StepModel
 
 
-class ProfileError(ValueError):
+class ProfileError(InputError):
     pass
 
 

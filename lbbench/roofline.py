@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
+from .errors import InputError
+
 #: what a ``[roofline]`` table must hold (the efficiency factors are in ``RooflineEfficiency``)
 _SHAPE_KEYS = ("num_layers", "num_moe_layers", "tp", "hidden_size", "attn_bytes", "attn_params", "mlp_bytes",
                "mlp_params", "moe_fixed_bytes", "moe_fixed_params", "num_experts", "num_experts_per_tok",
@@ -43,7 +45,7 @@ _SHAPE_KEYS = ("num_layers", "num_moe_layers", "tp", "hidden_size", "attn_bytes"
                "attn_flops_per_token_pair", "elementwise_bytes_per_token", "peak_flops", "attn_peak_flops", "memory_bw_bytes_s", "link_bytes_s")
 
 
-class RooflineError(ValueError):
+class RooflineError(InputError):
     """A ``[roofline]`` table that cannot be evaluated (the message names the key)."""
 
 

@@ -11,6 +11,9 @@ What it prints, and how each figure is counted:
   any other (module body, class body, module-level `if`/`try`) counts as "at file tops". Statements under
   `if TYPE_CHECKING:` are counted apart and are not edges of the graph below (they never run); the circles they
   would add are listed on their own line.
+- Lazy imports: import statements inside a function or method body, of lbbench and of other packages, each
+  counted as commented when one of its lines, or the line just above it, carries a comment starting
+  ``# lazy`` that says why it is lazy (an optional extra, start-up time, an import cycle).
 - Module import graph: one node per module (a package is its `__init__`). `from X import a` is an edge to the
   module `X.a` when that is a module, else to `X`; `import X.Y` is an edge to `X.Y`. Both file-top and
   function-level imports are edges (a lazy import still ties the two modules together).
@@ -43,12 +46,15 @@ class ModuleInfo:
     tree: ast.Module
     lines_total: int
     lines_code: int
+    lines: list[str] = field(default_factory=list)
     edges_top: set[str] = field(default_factory=set)
     edges_function: set[str] = field(default_factory=set)
     edges_type_checking: set[str] = field(default_factory=set)
     num_imports_top: int = 0
     num_imports_function: int = 0
     num_imports_type_checking: int = 0
+    #: lazy imports: (of lbbench, commented) -> count
+    lazy: dict[tuple[bool, bool], int] = field(default_factory=lambda: defaultdict(int))
 
 
 def module_name(path: Path, root: Path) -> tuple[str, bool]:
@@ -74,6 +80,7 @@ def load_modules(root: Path) -> dict[str, ModuleInfo]:
             tree=ast.parse(text, filename=str(path)),
             lines_total=len(text.splitlines()),
             lines_code=count_code_lines(text),
+            lines=text.splitlines(),
         )
     return modules
 
@@ -106,6 +113,14 @@ def import_targets(info: ModuleInfo, node: ast.Import | ast.ImportFrom, known: s
     return targets
 
 
+def is_self_import(info: ModuleInfo, node: ast.Import | ast.ImportFrom) -> bool:
+    """An import of lbbench that names only the module itself (no edge, but an lbbench import all the same)."""
+    if isinstance(node, ast.Import):
+        return any(a.name == PACKAGE or a.name.startswith(PACKAGE + ".") for a in node.names)
+    base = resolve_base(info, node)
+    return base == PACKAGE or base.startswith(PACKAGE + ".")
+
+
 def nearest_module(name: str, known: set[str]) -> str:
     while name not in known and "." in name:
         name = name.rsplit(".", 1)[0]
@@ -120,10 +135,19 @@ def is_type_checking_guard(node: ast.AST) -> bool:
     )
 
 
+def says_why_lazy(info: ModuleInfo, node: ast.Import | ast.ImportFrom) -> bool:
+    """A ``# lazy`` comment on one of the statement's lines or on the line just above it."""
+    own = info.lines[node.lineno - 1:node.end_lineno]
+    above = info.lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+    return any("# lazy" in line for line in own) or above.startswith("# lazy")
+
+
 def collect_imports(info: ModuleInfo, known: set[str]) -> None:
     def visit(node: ast.AST, in_function: bool, type_checking: bool) -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             targets = import_targets(info, node, known) - {info.name}
+            if in_function and not type_checking:
+                info.lazy[(bool(targets) or is_self_import(info, node), says_why_lazy(info, node))] += 1
             if not targets:
                 return
             if type_checking:
@@ -249,6 +273,12 @@ def report(root: Path) -> str:
     out.append(f"lbbench imports: {sum(i.num_imports_function for i in modules.values())} in functions, "
                f"{sum(i.num_imports_top for i in modules.values())} at file tops, "
                f"{sum(i.num_imports_type_checking for i in modules.values())} under TYPE_CHECKING")
+    lazy: dict[tuple[bool, bool], int] = defaultdict(int)
+    for info in modules.values():
+        for key, n in info.lazy.items():
+            lazy[key] += n
+    out.append(f"lazy imports of lbbench: {lazy[(True, True)]} commented, {lazy[(True, False)]} uncommented; "
+               f"of other packages: {lazy[(False, True)]} commented, {lazy[(False, False)]} uncommented")
     out.append(f"import circles: {len(circles)}")
     for component in circles:
         out.append(f"  ({len(component)}) " + " ".join(component))

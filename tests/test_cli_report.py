@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lbbench.cli.report import compare, parse_slo, report
+from lbbench.cli import main
+from lbbench.cli.report import parse_slo
 from lbbench.reports.synthetic import synthetic_requests, write_run
 
 DATA = Path(__file__).resolve().parent / "reports" / "data"
@@ -21,7 +22,7 @@ def runner() -> CliRunner:
 
 
 def test_report_markdown_paper_tables(runner):
-    res = runner.invoke(report, [str(V100), "--format", "markdown", "--bootstrap", "200"])
+    res = runner.invoke(main, ["report", str(V100), "--format", "markdown", "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     out = res.output
     assert "## Mean end-to-end latency by router" in out
@@ -31,7 +32,7 @@ def test_report_markdown_paper_tables(runner):
 
 
 def test_report_two_profiles_side_by_side(runner):
-    res = runner.invoke(report, [str(V100), str(A100), "--format", "markdown", "--bootstrap", "200"])
+    res = runner.invoke(main, ["report", str(V100), str(A100), "--format", "markdown", "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     assert "## Side by side by profile" in res.output
     assert "llama2-7b-v100: mean E2E (s)" in res.output
@@ -39,7 +40,7 @@ def test_report_two_profiles_side_by_side(runner):
 
 
 def test_report_json_and_slo(runner):
-    res = runner.invoke(report, [str(LIVE), "--format", "json", "--slo", "ttft=2,tbt=0.05,e2e=20",
+    res = runner.invoke(main, ["report", str(LIVE), "--format", "json", "--slo", "ttft=2,tbt=0.05,e2e=20",
                                  "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
@@ -51,14 +52,14 @@ def test_report_json_and_slo(runner):
 
 def test_report_table_to_file(runner, tmp_path):
     out = tmp_path / "r.txt"
-    res = runner.invoke(report, [str(V100), "--out", str(out), "--bootstrap", "200"])
+    res = runner.invoke(main, ["report", str(V100), "--out", str(out), "--bootstrap", "200"])
     assert res.exit_code == 0, res.output
     assert "Mean end-to-end latency by router" in out.read_text()
 
 
 def test_report_html_default_location(runner, tmp_path):
     run = write_run(tmp_path / "run", synthetic_requests(num_requests=40, seeds=(0,)))
-    res = runner.invoke(report, [str(run), "--format", "html", "--bootstrap", "100"])
+    res = runner.invoke(main, ["report", str(run), "--format", "html", "--bootstrap", "100"])
     assert res.exit_code == 0, res.output
     page = (run / "report.html").read_text()
     assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
@@ -70,13 +71,13 @@ def test_report_html_default_location(runner, tmp_path):
     (["--format", "pdf"], "--format"),
 ])
 def test_report_bad_flags_exit_2(runner, args, needle):
-    res = runner.invoke(report, [str(V100), *args])
+    res = runner.invoke(main, ["report", str(V100), *args])
     assert res.exit_code == 2
     assert needle in res.output
 
 
 def test_report_bad_dir_one_line_exit_2(runner, tmp_path):
-    res = runner.invoke(report, [str(tmp_path / "nope")])
+    res = runner.invoke(main, ["report", str(tmp_path / "nope")])
     assert res.exit_code == 2
     assert res.output.strip().count("\n") == 0 and "nope" in res.output
 
@@ -98,20 +99,20 @@ def _pair(tmp_path, slowdown, cand_seeds=(0, 1)):
 
 def test_compare_exit_codes(runner, tmp_path):
     a, b = _pair(tmp_path, 1.0, cand_seeds=(5, 6))  # same configuration, other seeds
-    ok = runner.invoke(compare, [str(a), str(b), "--bootstrap", "200"])
+    ok = runner.invoke(main, ["compare", str(a), str(b), "--bootstrap", "200"])
     assert ok.exit_code == 0, ok.output
     assert ok.output.rstrip().splitlines()[-1].startswith("OK")
     a, b = _pair(tmp_path, 1.3)
-    bad = runner.invoke(compare, [str(a), str(b), "--bootstrap", "200", "--max-regression", "5%"])
+    bad = runner.invoke(main, ["compare", str(a), str(b), "--bootstrap", "200", "--max-regression", "5%"])
     assert bad.exit_code == 1
     assert "REGRESSION" in bad.output
-    loose = runner.invoke(compare, [str(a), str(b), "--bootstrap", "200", "--max-regression", "80%"])
+    loose = runner.invoke(main, ["compare", str(a), str(b), "--bootstrap", "200", "--max-regression", "80%"])
     assert loose.exit_code == 0
 
 
 def test_compare_json_and_metric(runner, tmp_path):
     a, b = _pair(tmp_path, 1.3)
-    res = runner.invoke(compare, [str(a), str(b), "--format", "json", "--metric", "p90_e2e_s",
+    res = runner.invoke(main, ["compare", str(a), str(b), "--format", "json", "--metric", "p90_e2e_s",
                                   "--bootstrap", "200"])
     assert res.exit_code == 1
     doc = json.loads(res.output)
@@ -126,18 +127,18 @@ def test_compare_json_and_metric(runner, tmp_path):
 ])
 def test_compare_bad_flags_exit_2(runner, tmp_path, args, needle):
     a, b = _pair(tmp_path, 1.0)
-    res = runner.invoke(compare, [str(a), str(b), *args])
+    res = runner.invoke(main, ["compare", str(a), str(b), *args])
     assert res.exit_code == 2, res.output
     assert needle in res.output
 
 
 def test_compare_missing_run_exit_2(runner, tmp_path):
-    res = runner.invoke(compare, [str(V100), str(tmp_path / "missing")])
+    res = runner.invoke(main, ["compare", str(V100), str(tmp_path / "missing")])
     assert res.exit_code == 2 and "missing" in res.output
 
 
 def test_report_writes_plot_files(runner, tmp_path):
-    res = runner.invoke(report, [str(V100), "--format", "json", "--plots", str(tmp_path / "png"),
+    res = runner.invoke(main, ["report", str(V100), "--format", "json", "--plots", str(tmp_path / "png"),
                                  "--bootstrap", "100"])
     assert res.exit_code == 0, res.output
     names = sorted(p.name for p in (tmp_path / "png").iterdir())

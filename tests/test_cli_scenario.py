@@ -16,7 +16,7 @@ from lbbench.cli import main
 from lbbench.cli.run import config_from_flags, run_cmd
 from lbbench.cli.scenario import flags_of_config, option_keys, scenario_options
 from lbbench.experiment import RunConfig
-from lbbench.experiment.rundir import config_record
+from lbbench.rundir import config_record
 
 
 def invoke(*args):

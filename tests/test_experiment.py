@@ -19,7 +19,7 @@ from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.distributed import SerialExecutor
 from lbbench.experiment import ConfigError, Reporter, RunConfig, plan, run_experiment, simulate, works
 from lbbench.experiment.backends import LiveBackend, SimBackend, SimFleet
-from lbbench.experiment.rundir import RECORD_SCHEMA, TIMELINE_SCHEMA, read_run_toml
+from lbbench.rundir import RECORD_SCHEMA, TIMELINE_SCHEMA, read_run_toml
 from lbbench.experiment.runner import run_units
 from lbbench.experiment.units import UnitResult, run_unit
 from lbbench.profiles import load_profile

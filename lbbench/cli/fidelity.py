@@ -16,18 +16,21 @@ Two questions, one command:
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 import click
+from click.core import ParameterSource
+from rich.console import Console
+from rich.table import Table
 
-from .common import launch_as_profile, requests_for
+from ..engines.vllm.launcher import placement_of
+from ..experiment import annotated_requests
+from ..profiles import load_profile
+from .common import launch_as_profile
 from .flags import (backend_and_workload_options, load_options, predictor_option, repeats_option, seed_option,
                     ttft_fit_option)
-
-
-def _placement(urls) -> dict | None:
-    from ..engines.vllm.launcher import placement_of
-    return placement_of(urls)
 
 
 @click.command("fidelity")
@@ -100,10 +103,11 @@ def fidelity_cmd(ctx: click.Context, profile_name: str | None, measured: str | N
     of each simulated mean, per-request E2E MAPE, the live run-to-run spread, and whether the routers rank the
     same way (Kendall tau). With --calibrate-on/--check-on: calibrate on one workload, report the errors on
     others (transfer). With --measured: simulate measured GPU runs and report the simulator's error."""
-    from ..profiles import load_profile
+    from ..profiling.fidelity import run_fidelity  # lazy: start-up time (fidelity's own modules, ~40 ms)
+    from ..profiling.transfer_check import FIDELITY_FILE, TransferCheck  # lazy: start-up time (as above)
 
     if measured is not None:
-        from .fidelity_measured import run_measured
+        from .fidelity_measured import run_measured  # lazy: start-up time (the measured tables and validation)
         run_measured(measured, calibration, prompt_assumption, jobs, out_dir, fmt, sensitivity, max_mape)
         return
     if profile_name is None:
@@ -115,39 +119,32 @@ def fidelity_cmd(ctx: click.Context, profile_name: str | None, measured: str | N
         prof = prof.with_overrides(enable_prefix_caching=prefix_caching)
     if calibrate_on is None and check_on:
         raise click.UsageError("--check-on needs --calibrate-on (the workload to calibrate on)")
+    launch = {"launch_model": launch_model, "endpoint": endpoint, "instances": instances, "vllm_python": vllm_python,
+              "log_dir": log_dir, "port_base": port_base, "cpus_per_instance": cpus_per_instance,
+              "api_server_cores": api_server_cores}
     if calibrate_on is not None:
-        _transfer(ctx, prof, profile_name, names, calibrate_on, check_on, endpoint=endpoint,
-                  launch_model=launch_model, instances=instances, cpus_per_instance=cpus_per_instance,
-                  api_server_cores=api_server_cores,
-                  defaults={"requests": requests, "rate_per_s": rate, "prompt_tokens": prompt_tokens,
-                            "output_tokens": output_tokens},
-                  calibration_router=calibration_router, calibration_seed=calibration_seed, repeats=repeats,
-                  ttft_fit=ttft_fit, warmup_requests=warmup_requests,
-                  seed=seed, predictor=predictor, max_error_pct=max_error_pct, vllm_python=vllm_python,
-                  out_dir=out_dir, log_dir=log_dir, port_base=port_base, fmt=fmt)
+        check = TransferCheck(prof, profile_name, names, calibrate_on, check_on, requests=requests, rate_per_s=rate,
+                              prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                              calibration_router=calibration_router, calibration_seed=calibration_seed,
+                              repeats=repeats, seed=seed, predictor=predictor, ttft_fit=ttft_fit,
+                              warmup_requests=warmup_requests, out_dir=None if out_dir is None else Path(out_dir))
+        _transfer(ctx, check, launch, fmt, max_error_pct)
         return
-    from ..profiling.fidelity import run_fidelity
-
-    ctx_launch = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
-                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
-                                    api_server_cores=api_server_cores)
-    reqs = requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
-                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, predictor=predictor)
-    with ctx_launch as urls:
+    reqs = annotated_requests(prof, profile_name, workload=workload, trace=trace,
+                              max_prompt_tokens=max_prompt_tokens, rate=rate, requests=requests, seed=seed,
+                              prompt_tokens=prompt_tokens, output_tokens=output_tokens, predictor=predictor)
+    with launch_as_profile(prof, **launch) as urls:
         tau, rows = run_fidelity(prof, reqs, names, urls, repeats=repeats, seed=seed, out_dir=out_dir,
                                  progress=lambda what: click.echo(f"  {what}", err=True))
-        placement = _placement(urls)
+        placement = placement_of(urls)
     worst = max(abs(r.mean_e2e_error_pct) for r in rows)
     report = {"profile": prof.name, "requests": len(reqs), "repeats": repeats, "rank_tau": tau,
               "placement": placement, "routers": [r.as_dict() for r in rows]}
     if out_dir is not None:
-        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
+        (Path(out_dir) / FIDELITY_FILE).write_text(json.dumps(report, indent=2))
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        from rich.console import Console
-        from rich.table import Table
         t = Table(title=f"fidelity: {prof.name}, {len(reqs)} requests, {repeats} live repeats, rank tau {tau:+.2f}")
         for col in ("router", "live E2E s", "sim E2E s", "E2E err %", "live spread %", "E2E MAPE %", "live-live MAPE %",
                     "live TTFT s", "sim TTFT s", "TTFT err %", "TBT err %", "live/sim p99 E2E s"):
@@ -167,80 +164,28 @@ def fidelity_cmd(ctx: click.Context, profile_name: str | None, measured: str | N
         raise SystemExit(1)
 
 
-def _transfer(ctx: click.Context, prof, profile_name: str, routers: list[str], calibrate_on: str,
-              check_on: tuple[str, ...], *, endpoint, launch_model, instances, cpus_per_instance, api_server_cores,
-              defaults: dict,
-              calibration_router: str, calibration_seed: int, repeats: int, seed: int, predictor: str, ttft_fit: str,
-              warmup_requests: int, max_error_pct: float | None, vllm_python, out_dir, log_dir, port_base: int,
-              fmt: str) -> None:
-    from click.core import ParameterSource
-
-    from ..errors import InputError
-    from ..profiling.transfer import run_transfer
-    from ..profiling.workload_spec import parse_workload_spec
+def _transfer(ctx: click.Context, check: TransferCheck, launch: dict[str, Any], fmt: str,
+              max_error_pct: float | None) -> None:
+    """``--calibrate-on``: the flags checked, then ``run_transfer_check`` on the launched or attached instances."""
+    from ..profiling.transfer_check import run_transfer_check  # lazy: start-up time (fidelity's own modules)
 
     for flag, param in (("--trace", "trace"), ("--workload", "workload"), ("--max-prompt-tokens", "max_prompt_tokens")):
         if ctx.get_parameter_source(param) == ParameterSource.COMMANDLINE:
             raise click.UsageError(f"{flag} does not go with --calibrate-on: name each workload in --calibrate-on "
                                    "and --check-on (trace:FILE?max_prompt_tokens=N, workload:NAME?...)")
-    if not check_on:
+    if not check.check_on:
         raise click.UsageError("--calibrate-on needs at least one --check-on (the workload to check on)")
-    cal_spec = parse_workload_spec(calibrate_on, "calibrate_on")
-    check_specs = [parse_workload_spec(text, "check_on") for text in check_on]
-    labels = [s.label for s in check_specs]
-    if cal_spec.label in labels or len(set(labels)) != len(labels):
-        raise InputError("each workload must differ from the others and from --calibrate-on's "
-                         "(add seed=N to check on other requests of the same workload)", "check_on")
-
-    def requests_of(spec, default_seed: int, field: str):
-        f = spec.run_config_fields({**defaults, "seed": default_seed})
-        try:
-            return requests_for(prof, profile_name, workload=f.get("workload", "poisson"), trace=f.get("trace"),
-                                 max_prompt_tokens=None, rate=f["rate_per_s"], requests=f["requests"],
-                                 seed=f["seed"], prompt_tokens=f["prompt_tokens"], output_tokens=f["output_tokens"],
-                                 predictor=predictor, trace_options=f.get("trace_options") or {},
-                                 burstiness=f.get("burstiness", 1.0))
-        except ValueError as exc:  # the workload's own errors, said as the spec's
-            from .flags import user_message
-            raise InputError(f"{spec.text!r}: {user_message(exc)}", field) from None
-
-    cal_reqs = requests_of(cal_spec, calibration_seed, "calibrate_on")
-    checks = [(s.label, requests_of(s, seed, "check_on")) for s in check_specs]
-    ctx_launch = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python,
-                                    log_dir=log_dir, port_base=port_base, cpus_per_instance=cpus_per_instance,
-                                    api_server_cores=api_server_cores)
-    import time
+    workloads = check.workloads()
     t0 = time.perf_counter()
-    with ctx_launch as urls:
-        t_live = time.perf_counter()
-        res = run_transfer(prof, (cal_spec.label, cal_reqs), checks, routers, urls, repeats=repeats, seed=seed,
-                           calibration_seed=calibration_seed, calibration_router=calibration_router,
-                           out_dir=out_dir, ttft_fit=ttft_fit, warmup_requests=warmup_requests,
-                           progress=lambda what: click.echo(f"  {what}", err=True))
-        placement = _placement(urls)
-    from ..profiling.residuals import residual_tables
-    tables = residual_tables(res.records)
-    report = {"profile": prof.name, "repeats": repeats, "placement": placement, **res.as_dict(),
-              "residuals": {k: v.to_dicts() for k, v in tables.items()},
-              "wall_s": {"total": round(time.perf_counter() - t0, 1),
-                         "replays_and_fit": round(time.perf_counter() - t_live, 1)}}
-    if out_dir is not None:
-        (Path(out_dir) / "fidelity.json").write_text(json.dumps(report, indent=2))
-        if Path(profile_name).suffix == ".toml" and Path(profile_name).is_file():
-            import tomllib
-
-            import tomli_w
-
-            from ..profiling.calibrate import calibrated_toml
-            doc = calibrated_toml(tomllib.loads(Path(profile_name).read_text()), res.calibration,
-                                  what=f"{len(cal_reqs)} requests of {cal_spec.label} (seed {calibration_seed}), "
-                                       f"router {calibration_router}, {len(urls)} instance(s), {repeats} replay(s)")
-            doc["name"] = f"{prof.name}-calibrated"
-            (Path(out_dir) / "calibrated.toml").write_text(tomli_w.dumps(doc))
+    with launch_as_profile(check.profile, **launch) as urls:
+        rep = run_transfer_check(check, workloads, urls, placement=placement_of(urls),
+                                 setup_s=time.perf_counter() - t0,
+                                 progress=lambda what: click.echo(f"  {what}", err=True))
+    res = rep.result
     if fmt == "json":
-        click.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps(rep.report, indent=2))
     else:
-        _print_transfer(prof, res, tables, repeats, placement)
+        _print_transfer(check.profile, res, rep.residuals, check.repeats, rep.report["placement"])
     if max_error_pct is not None and res.worst_mean_e2e_error_pct() > max_error_pct:
         click.echo(f"Error: mean E2E error {res.worst_mean_e2e_error_pct():.1f} % on a check workload exceeds "
                    f"--max-error-pct {max_error_pct:g}", err=True)
@@ -267,9 +212,6 @@ def transfer_rows(res) -> list[tuple[str, ...]]:
 
 
 def _print_transfer(prof, res, tables, repeats: int, placement: dict | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     cal = res.calibration
     where = ""
     if placement:

@@ -9,18 +9,18 @@ import json
 from pathlib import Path
 
 import click
+import polars as pl
+
+from ..errors import InputError
+from ..measured.table import read_measured
+from ..validation.calibration import load_calibration
+from ..validation.report import mape_by, render_text, write_outputs
+from ..validation.setup import MLPERF_CNNDM_PROMPTS, PromptAssumption, value
+from ..validation.simulate import simulate_rows
 
 
 def run_measured(measured: str, calibration: str | None, prompt_assumption: str | None, jobs: int,
                  out_dir: str | None, fmt: str, sensitivity: bool, max_mape: str | None) -> None:
-    import polars as pl
-
-    from ..validation.calibration import load_calibration
-    from ..validation.report import mape_by, render_text, write_outputs
-    from ..measured.table import read_measured
-    from ..validation.setup import MLPERF_CNNDM_PROMPTS, PromptAssumption, value
-    from ..validation.simulate import simulate_rows
-
     table = read_measured(measured, strict=False)  # the good rows run; each bad one is reported below
     rows = table.rows
     cal = load_calibration(calibration)
@@ -61,8 +61,6 @@ def run_measured(measured: str, calibration: str | None, prompt_assumption: str 
 
 
 def _prompt_assumption(text: str):
-    from ..errors import InputError
-    from ..validation.setup import PromptAssumption
     try:
         mean_s, cv_s = text.split(":")
         mean, cv = float(mean_s), float(cv_s)
@@ -75,8 +73,6 @@ def _prompt_assumption(text: str):
 
 def _gate(frame, spec: str) -> None:
     """``e2e_mean_ms=10,ttft_mean_ms=20``: exit 1 when a metric's MAPE exceeds its bound."""
-    from ..errors import InputError
-    from ..validation.report import mape_by
     agg = {m: v for m, v in mape_by(frame).select("metric", "mape").iter_rows()}
     failed = []
     for item in spec.split(","):

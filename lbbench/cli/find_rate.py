@@ -17,7 +17,7 @@ from rich.console import Console
 from ..experiment import Reporter, RunConfig, default_out_dir
 from ..planning.find_rate import FindRateConfig, find_rates, print_rates
 from ..profiles import load_profile
-from ..reports.summary import Slo
+from ..metrics.summary import Slo
 from .common import err_console
 
 

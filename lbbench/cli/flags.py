@@ -17,7 +17,7 @@ from typing import Any, Callable
 import click
 
 from ..experiment import ConfigError
-from ..reports.summary import Slo
+from ..metrics.summary import Slo
 
 FLAGS: dict[str, str] = {
     # RunConfig

@@ -9,18 +9,20 @@ from __future__ import annotations
 import html
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-from dataclasses import replace
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from ..distributed import get_executor
 from ..experiment import ConfigError
-from .flags import ray_option
-from .flags import split_csv
+from ..profiles import load_profile
+from ..rundir import HEADROOM_FILE
+from .flags import ray_option, split_csv
+from .run import config_from_flags, run_cmd
 
 _SHOWN = [("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50"), ("p99_e2e_s", "p99"),
           ("preemptions", "preempt."), ("mean_router_wait_s", "router wait"),
@@ -91,7 +93,7 @@ def render_html(rows: list[dict[str, Any]], title: str, notes: list[str]) -> str
               help="Processes the simulated units run in.")
 @ray_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Directory (default runs/headroom-<workload>): one run directory per part, headroom.parquet.")
+              help=f"Directory (default runs/headroom-<workload>): one run directory per part, {HEADROOM_FILE}.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "html"]), default="table", show_default=True)
 @click.pass_context
 def headroom(ctx: click.Context, **kw: Any) -> None:
@@ -104,8 +106,7 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
       lbbench headroom --profile llama2-7b-v100 --instances 4 --workload paper-mix --rate 20 --requests 2000
       lbbench headroom --fleet llama3.1-8b-a100:2,llama3.1-8b-l4:2 --rate 60 --requests 500 --seeds 2
     """
-    from ..experiment.headroom import run_headroom
-    from .run import config_from_flags, run_cmd
+    from ..experiment.headroom import run_headroom  # lazy: start-up time (the headroom parts and the planner)
 
     flags = dict(run_cmd.make_context("run", []).params)  # lbbench run's defaults for what headroom leaves out
     flags.update({k: kw[k] for k in ("profile", "instances", "fleet", "workload", "trace", "rate", "requests",
@@ -119,14 +120,10 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
                           "--router-opt lookahead.KEY=VALUE", "routers")
     planner_opts = cfg.router_options.pop("lookahead", {})
     cfg = replace(cfg, routers=[r for r in cfg.routers if r != "lookahead"])
-    from ..profiles import load_profile
-    from ..routers.lookahead import _params
-    _params(planner_opts)  # a bad planner option fails before anything runs
     cfg = cfg.resolved()
     profile = load_profile(cfg.profile)
     cfg.check(profile)
     out = Path(kw["out_dir"] or f"runs/headroom-{Path(cfg.trace).stem if cfg.trace else cfg.workload}")
-    from ..distributed import get_executor
     with get_executor(kw["jobs"], kw.get("ray_address")) as executor:
         res = run_headroom(cfg, out, routers=asked, num_tuning_seeds=kw["tuning_seeds"],
                            planner_options=planner_opts, reorder=kw["reorder"], executor=executor)
@@ -161,6 +158,6 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
         console.print(table)
         for n in notes:
             console.print(n, highlight=False, soft_wrap=True)
-        console.print(f"[dim]wrote {out}/headroom.parquet and one run directory per part[/dim]")
+        console.print(f"[dim]wrote {out}/{HEADROOM_FILE} and one run directory per part[/dim]")
     if not res.complete:
         ctx.exit(130)

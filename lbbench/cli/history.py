@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 
 import click
+from rich.console import Console
 
-from ..reports.compare import METRICS, CompareError, parse_threshold
+from ..reports.compare import METRICS, parse_threshold
 from ..reports.history import HISTORY_METRICS, SLO_METRICS, build_history
-from ..reports.load import RunDirError
-from ..reports.summary import SummaryError
-from .flags import parse_slo, user_message
-from .report import InputError
+from ..reports.render import to_rich
+from .flags import parse_slo
 
 
 @click.command("history")
@@ -60,15 +59,9 @@ def history(run_dirs: tuple[str, ...], baseline: Path | None, labels: tuple[str,
       lbbench history nightly/ --baseline baselines/paper-mix-v100
       lbbench history nightly/2025-06-0* --metric p99_e2e_s --format markdown --no-html
     """
-    try:
-        hist = build_history(run_dirs, baseline, metrics or HISTORY_METRICS, parse_threshold(max_regression),
-                             labels, parse_slo(slo), num_resamples, level)
-    except (CompareError, RunDirError, SummaryError) as exc:
-        raise InputError(user_message(exc)) from None
+    hist = build_history(run_dirs, baseline, metrics or HISTORY_METRICS, parse_threshold(max_regression),
+                         labels, parse_slo(slo), num_resamples, level)  # its errors are InputErrors (exit 2)
     if fmt == "table" and sys.stdout.isatty():
-        from rich.console import Console
-
-        from ..reports.render import to_rich
         to_rich(hist.tables(), Console(), hist.preamble())  # the terminal's own width
     else:
         text = hist.render(fmt)

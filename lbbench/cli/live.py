@@ -15,7 +15,13 @@ from pathlib import Path
 
 import click
 
-from .flags import api_server_option, cpus_per_instance_option, log_dir_option, port_option, vllm_python_option
+from ..engines.vllm.launcher import LaunchError
+from ..engines.vllm.launcher import launch as launch_servers  # `launch` is this module's command
+from ..experiment.config import profile_ref
+from ..fleet import FleetError, parse_fleet
+from ..profiles import ProfileError
+from .flags import (api_server_option, cpus_per_instance_option, log_dir_option, port_option, user_message,
+                    vllm_python_option)
 
 
 def _write_endpoints(path: str | None, urls: list[str]) -> None:
@@ -57,14 +63,12 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
                api_server_cores: str, extra_args: tuple[str, ...]) -> None:
     """Start local vLLM servers for MODEL (``tiny``: the tiny local test model)
     and keep them running until Ctrl-C. Arguments after ``--`` go to vLLM."""
-    from ..engines.vllm.launcher import LaunchError, launch
-
     cp = {"on": True, "off": False, "default": None}[chunked_prefill]
     # Ctrl-C stops the servers even when started from a shell that ignores SIGINT
     # for background jobs (SIGTERM is handled by the launcher).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with launch(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
+        with launch_servers(model, instances, chunked_prefill=cp, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, extra_args=list(extra_args),
                     vllm_python=vllm_python, log_dir=log_dir, port_base=port_base,
                     health_timeout_s=health_timeout_s, cpus_per_instance=cpus_per_instance,
@@ -81,7 +85,6 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
     except KeyboardInterrupt:
         pass
     except LaunchError as exc:
-        from .flags import user_message
         first, rest = user_message(exc), str(exc).partition("\n")[2]
         if not rest:  # a bad layout or flag: the command group prints it in one line (exit 2)
             raise
@@ -123,10 +126,8 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
       lbbench serve-sim --fleet llama3.1-8b-a100:1,llama3.1-8b-l4:1 --endpoints-file eps.txt
       lbbench run --endpoints eps.txt --router least_work_speed     # routers assume each URL@PROFILE
     """
+    # lazy: start-up time (the emulator's aiohttp server, ~190 ms)
     from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
-    from ..experiment.config import profile_ref
-    from ..fleet import FleetError, parse_fleet
-    from ..profiles import ProfileError
 
     profiles = None
     if fleet is not None:

@@ -3,9 +3,9 @@
 Each command module parses flags, builds the library's typed config, calls the library and renders
 (``run.py`` for ``lbbench run``).
 
-Bad input ends with one line naming the flag or file and what is wrong, and
-exit code 2. Everything measured is written as it completes; Ctrl-C keeps what
-was measured and marks the run incomplete.
+Bad input (``lbbench.errors.InputError``) or a setup that does not work (``SetupError``, its sibling under
+``UserError``) ends with one line naming the flag or file and what is wrong, and exit code 2. Everything measured
+is written as it completes; Ctrl-C keeps what was measured and marks the run incomplete.
 """
 
 from __future__ import annotations
@@ -16,37 +16,17 @@ from typing import Any
 
 import click
 
-from ..experiment import ConfigError
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean bad user input (exit 2, one line)."""
-    from ..dispatch import RouterError
-    from ..profiles import ProfileError
-    from ..routers.registry import UnknownRouterError
-    from ..errors import InputError
-    errs: list[type[BaseException]] = [InputError, ConfigError, ProfileError, UnknownRouterError, RouterError]
-    for mod, name in (("lbbench.workloads.errors", "WorkloadError"), ("lbbench.predict.base", "PredictorSpecError"),
-                      ("lbbench.harness.replay", "EndpointError"), ("lbbench.reports.summary", "SummaryError"),
-                      ("lbbench.routers.rl.policy", "CheckpointError"), ("lbbench.engines.vllm.launcher", "LaunchError"),
-                      ("lbbench.profiling.derive", "DeriveError"), ("lbbench.profiling.gpus", "UnknownGPUError"),
-                      ("lbbench.profiling.models", "ModelConfigError"),
-                      ("lbbench.profiling.vidur", "MeasurementError"),
-                      ("lbbench.profiling.measure", "MeasureError"),
-                      ("lbbench.profiling.calibrate", "CalibrationError"),
-                      ("lbbench.harness.text_prompts", "TextPromptError")):
-        try:
-            errs.append(getattr(importlib.import_module(mod), name))
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errs)
+from ..errors import UserError
+from ..profiles import available_profiles, load_profile
+from ..routers import available_routers
+from .flags import user_message
 
 
 class LbbenchGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _user_errors() as exc:
-            from .flags import user_message
+        except UserError as exc:
             click.echo(f"Error: {user_message(exc)}", err=True)
             ctx.exit(2)
 
@@ -61,7 +41,6 @@ def main() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def routers_cmd(fmt: str) -> None:
     """List the registered routers."""
-    from ..routers import available_routers
     items = available_routers()
     if fmt == "json":
         click.echo(json.dumps([{"name": k, "description": v} for k, v in items.items()], indent=2))
@@ -75,7 +54,7 @@ def routers_cmd(fmt: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def profiles_cmd(fmt: str) -> None:
     """List the shipped profiles (model x hardware x engine setting)."""
-    from ..profiles import available_profiles, load_profile
+    # lazy: start-up time (the roofline's GPU and model tables, ~12 ms)
     from ..profiling.physics import implied_utilization
     rows = []
     for name in available_profiles():

@@ -1,13 +1,15 @@
 """``lbbench paper SETUP``: one of the paper's comparisons, beside the paper's numbers.
 
 Each setup is an ``lbbench run`` with the paper's cluster, workload, rate,
-predictor accuracy and routers (the command is printed first, so it can be
-rerun or varied by hand); after the run's own table comes one line per router
+predictor accuracy and routers: the command is printed first, so it can be
+rerun or varied by hand, and its flags give the ``RunConfig`` that this command
+hands to the library (``run_experiment``; ``lbbench report OUT`` shows every
+table of the run). Then comes one line per router
 with lbbench's change against round robin next to the one the paper reports
 (Jain et al., arXiv 2408.13510, Tables 3-5), and the change against the
 *strongest* baseline in the run: the best production router (``round_robin``,
 ``jsq``, ``least_requests``, ``power_of_two``) on the best instance scheduler,
-vLLM's ``priority`` policy included (``lbbench.reports.reference``), which the
+vLLM's ``priority`` policy included (``lbbench.metrics.reference``), which the
 paper does not compare with. Learned routers use the shipped checkpoint for the
 setup (the ``-chunked`` one for runs with chunked prefill on); where none is
 shipped the run stops with the message that says how to train one.
@@ -44,8 +46,20 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..distributed import get_executor
+from ..experiment import RunConfig, plan_all, run_experiment
+from ..predict.metadata import MODEL_FILE, train_from_trace
+from ..profiles import ProfileError, load_profile
+from ..rundir import read_summary
+from ..workloads.errors import TraceError
+from .common import err_console
+from .find_rate import NoteReporter
+from .run import config_from_flags, run_cmd
 
 PAPER_ROUTERS = "round_robin,jsq,min_min,baseline_rl,wa_rl,wgrl"
 
@@ -116,10 +130,6 @@ SETUPS: dict[str, Setup] = {
 @click.pass_context
 def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None, predictor: str | None) -> None:
     """Run one of the paper's comparisons and print it beside the paper's numbers."""
-    import polars as pl
-
-    from .main import main as cli_main
-
     s = SETUPS[setup]
     args = list(s.flags)
     out = Path(out_dir or f"runs/paper-{setup}")
@@ -146,10 +156,12 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
         if s.regimes:
             click.echo(f"\n== {name}: {label}")
         click.echo("lbbench run " + " ".join(shlex.quote(a) for a in run_args))
-        run_ctx = cli_main.make_context("lbbench", ["run", *run_args, "--out", str(run_out)])
-        with run_ctx:
-            cli_main.invoke(run_ctx)
-        results.append((name, label, pl.read_parquet(run_out / "summary.parquet")))
+        if not run_setup(run_config(run_args), run_out):
+            click.echo(f"interrupted: the units that finished are in {run_out} (run.toml: complete = false)",
+                       err=True)
+            ctx.exit(130)
+        click.echo(f"wrote {run_out} (every table: lbbench report {run_out})")
+        results.append((name, label, read_summary(run_out)))
     for name, label, summary in results:
         regime = f" on {name} ({label})" if s.regimes else ""
         click.echo(f"\nlbbench vs the paper ({setup}){regime}{': ' + s.note if s.note else ''}")
@@ -158,10 +170,40 @@ def paper(ctx: click.Context, setup: str, trace: str | None, out_dir: str | None
         _print_side_by_side(s, results)
 
 
+def run_config(args: Sequence[str]) -> RunConfig:
+    """The config ``lbbench run ARGS`` runs: its flags read by that command's own parser and
+    ``config_from_flags`` (nothing runs)."""
+    return config_from_flags(dict(run_cmd.make_context("run", list(args)).params))
+
+
+class _UnitProgress(NoteReporter):
+    """Notes, and one progress bar over the run's units."""
+
+    def __init__(self, progress: Progress, total: int):
+        super().__init__(progress.console)
+        self.progress = progress
+        self.task = progress.add_task("units", total=total)
+
+    def unit_finished(self, label: str) -> None:
+        self.progress.advance(self.task)
+
+
+def run_setup(cfg: RunConfig, out_dir: Path) -> bool:
+    """Run ``cfg`` into ``out_dir`` with a progress bar on stderr; False when it was interrupted."""
+    cfg = cfg.resolved()
+    profile = load_profile(cfg.profile)
+    cfg.check(profile)
+    total = len(plan_all(cfg))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err_console, transient=True)
+    with progress, get_executor(cfg.jobs if total > 1 else 1) as executor:
+        outcome = run_experiment(cfg, out_dir, profile=profile, reporter=_UnitProgress(progress, total),
+                                 executor=executor)
+    return outcome.complete
+
+
 def regime_label(profile: str) -> str:
     """How a profile's numbers came about, for the regime's heading: calibrated (to what) or physics-derived."""
-    from ..profiles import ProfileError, load_profile
-
     try:
         src = load_profile(profile).source
     except ProfileError:
@@ -180,8 +222,8 @@ def _with_profile(args: list[str], profile: str) -> list[str]:
 
 def _without_missing_checkpoints(args: list[str], profile: str) -> list[str]:
     """``args`` less the learned routers that have no shipped checkpoint for ``profile`` (each noted)."""
-    from ..routers.rl import CheckpointError
-    from ..routers.rl.policy import shipped_checkpoint
+    from ..routers.rl import CheckpointError  # lazy: start-up time (the RL policy stack, for this check only)
+    from ..routers.rl.policy import shipped_checkpoint  # lazy: start-up time (as above)
 
     out = list(args)
     i = out.index("--router")
@@ -247,10 +289,6 @@ def production_predictor(trace: str, profile: str, out_dir: Path) -> Path:
     """The paper's production-trace predictor: the metadata model (prompt length + task),
     fitted on the trace's second half (the half the evaluation does not replay), as the
     shipped Azure checkpoint was trained with (``lbbench.predict.metadata.train_from_trace``)."""
-    from ..predict.metadata import MODEL_FILE, train_from_trace
-    from ..profiles import load_profile
-    from ..workloads.errors import TraceError
-
     if not (out_dir / MODEL_FILE).is_file():
         try:
             train_from_trace(trace, out_dir, window=PRODUCTION_TRAIN_WINDOW,

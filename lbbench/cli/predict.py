@@ -20,10 +20,14 @@ import click
 
 from ..predict.base import SCHEMES, PredictorSpecError, get_scheme
 from ..predict.data import DataError, load_corpus, stratified_split, token_counter_name
+from ..predict.metadata import train_metadata_model
+from ..predict.regression import LengthTrainConfig, train_length_model
+from ..predict.text import TextTrainConfig, train_text_model
+from ..profiles import load_profile
+from .flags import user_message
 
 
 def _usage(exc: Exception) -> click.UsageError:
-    from .flags import user_message
     return click.UsageError(user_message(exc))
 
 
@@ -88,13 +92,10 @@ def _train_encoder_model(kind: str, train, scheme, log, *, encoder: str, max_len
     """Train a text model (``embed``/``bow`` regressor or fine-tuned ``text``/``task``); errors as usage errors."""
     try:
         if kind in ("embed", "bow"):
-            from ..predict.regression import LengthTrainConfig, train_length_model
-
             return train_length_model(train, scheme, LengthTrainConfig(
                 features="encoder" if kind == "embed" else "bow", encoder=encoder, max_length=max_length,
                 use_model_name=use_model_name, seed=seed, validation=validation,
                 **({} if max_layers is None else {"max_layers": max_layers})), log=log)
-        from ..predict.text import TextTrainConfig, train_text_model
 
         return train_text_model(train, scheme, TextTrainConfig(
             encoder=encoder, objective="task" if kind == "task" else "bucket+task", max_length=max_length,
@@ -152,8 +153,6 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
     """Train a predictor and print its held-out evaluation."""
     prof = None
     if profile:
-        from ..profiles import load_profile
-
         try:
             prof = load_profile(profile)
         except ValueError as exc:
@@ -167,8 +166,6 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
     log(f"{len(corpus.examples)} rows from {len(corpus.files_read)} files ({len(train)} train, {len(test)} test); "
         f"tokens counted with {token_counter_name()}; scheme {bucket_scheme.name} {bucket_scheme.labels()}")
     if kind == "metadata":
-        from ..predict.metadata import train_metadata_model
-
         model = train_metadata_model(train, bucket_scheme, estimator=estimator, seed=seed)
     else:
         model = _train_encoder_model(kind, train, bucket_scheme, log, encoder=encoder or "", max_length=max_length,
@@ -178,7 +175,7 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
                                      num_layers=num_layers, seed=seed)
     model.save(out_dir)
     log(f"trained in {model.config.train_seconds:.1f} s; saved to {out_dir}")
-    from ..predict.evaluate import evaluate_dir
+    from ..predict.evaluate import evaluate_dir  # lazy: start-up time (the evaluation's metrics)
 
     report = evaluate_dir(out_dir, test)
     report["data"] = [str(p) for p in data]
@@ -200,7 +197,7 @@ def train_cmd(data, kind, no_model_name, validation, max_layers, out_dir, encode
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def eval_cmd(model_dir, data, models, max_examples, no_quantize, precision, compare_precisions, seed, fmt) -> None:
     """Evaluate a saved predictor on a corpus (prompts seen in training are skipped)."""
-    from ..predict.evaluate import evaluate_dir, model_kind
+    from ..predict.evaluate import evaluate_dir, model_kind  # lazy: start-up time (the evaluation's metrics)
 
     try:
         metadata = model_kind(model_dir) == "metadata"

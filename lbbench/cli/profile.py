@@ -3,13 +3,25 @@ says how true they are; the options the two share are in ``flags.py``)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import platform
+import tomllib
 from pathlib import Path
 
 import click
 import tomli_w
 
-from .common import launch_as_profile, requests_for
+from ..engines.vllm.launcher import launch, visible_gpus
+from ..experiment import annotated_requests
+from ..profiles import load_profile
+from ..profiling.gpus import get_gpu
+from ..profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
+from ..profiling.models import load_model_config
+from ..routers import get_router
+from ..sim.cluster import ClusterSim
+from .common import launch_as_profile
 from .flags import (api_server_option, backend_and_workload_options, cpus_per_instance_option, load_options,
                     log_dir_option, port_option, predictor_option, repeats_option, seed_option, ttft_fit_option,
                     vllm_python_option)
@@ -75,11 +87,8 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
     """Derive a profile from a model config and a GPU: parameter count, KV bytes per token, KV blocks as vLLM's
     memory profiler sizes them, and step-time coefficients from a roofline whose efficiency factors are fitted
     to measured GPU timings (cited in the profile's [source] and printed) unless given."""
-    import dataclasses
-
+    # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
     from ..profiling.derive import EngineSettings, derive_profile, fitted_efficiency
-    from ..profiling.gpus import get_gpu
-    from ..profiling.models import load_model_config
 
     model = load_model_config(model_name)
     g = get_gpu(gpu)
@@ -137,9 +146,10 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utiliz
 def efficiency_cmd(vidur_dir: str | None, commit: str | None, out: str | None, fmt: str) -> None:
     """The roofline efficiency factors derive uses, fitted to measured GPU timings: per tensor parallelism and
     model size, with the fit error on the A100 files and the held-out H100 check."""
-    from ..profiling.efficiency import TABLE_PATH
+    from ..profiling.efficiency import TABLE_PATH  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
 
     if vidur_dir is not None:
+        # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
         from ..profiling.efficiency_build import build_table
 
         if not commit or not out:
@@ -147,8 +157,6 @@ def efficiency_cmd(vidur_dir: str | None, commit: str | None, out: str | None, f
         doc = build_table(vidur_dir, commit)
         Path(out).write_text(tomli_w.dumps(doc))
     else:
-        import tomllib
-
         doc = tomllib.loads(TABLE_PATH.read_text())
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
@@ -202,12 +210,6 @@ def measure_cmd(endpoint: tuple[str, ...], launch_model: str | None, out: str, n
                 api_server_cores: str) -> None:
     """Fit a profile to a live vLLM: a sweep of prefill sizes, decode batch sizes and context lengths, KV blocks
     read from the engine, least-squares step-time coefficients with residuals in [source]."""
-    import contextlib
-    import platform
-
-    from ..engines.vllm.launcher import launch, visible_gpus
-    from ..profiling.measure import MeasureError, Sweep, fit_profile, observations_json, run_sweep
-
     if bool(endpoint) == (launch_model is not None):
         raise click.UsageError("give exactly one of --endpoint URL or --launch MODEL")
     if chunked_prefill == "both" and launch_model is None:
@@ -278,23 +280,19 @@ def calibrate_cmd(profile_name: str, endpoint: tuple[str, ...], launch_model: st
     """Fit a measured profile to the regime of a live replay: one factor on the decode-step costs from the mean
     time between tokens, one on the prefill costs from the mean time to first token (end-to-end latency is fitted
     on neither). Validate on other requests with `lbbench fidelity --seed 0`."""
-    import tomllib
-
-    from ..profiles import load_profile
-    from ..profiling.calibrate import calibrated_toml, fit, live_replays
-    from ..routers import get_router
-    from ..sim.cluster import ClusterSim
-
     path = Path(profile_name)
     if path.suffix != ".toml" or not path.is_file():
         raise click.BadParameter(f"{profile_name}: give the measured profile's .toml file", param_hint="--profile")
+    # lazy: start-up time (calibration and fidelity's modules, ~20 ms)
+    from ..profiling.calibrate import calibrated_toml, fit, live_replays
+
     prof = load_profile(path)
     ctx = launch_as_profile(prof, launch_model, endpoint, instances, vllm_python=vllm_python, log_dir=log_dir,
                              port_base=port_base, cpus_per_instance=cpus_per_instance,
                              api_server_cores=api_server_cores)
-    reqs = requests_for(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
-                         rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, predictor=predictor)
+    reqs = annotated_requests(prof, profile_name, workload=workload, trace=trace, max_prompt_tokens=max_prompt_tokens,
+                              rate=rate, requests=requests, seed=seed, prompt_tokens=prompt_tokens,
+                              output_tokens=output_tokens, predictor=predictor)
 
     def make_router(n: int, p=prof):
         return get_router(router, num_instances=n, seed=seed, profile=p)

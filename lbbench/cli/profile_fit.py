@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import InputError
 from ..validation.fit import FIT_BOUNDS
 
 
@@ -38,13 +39,12 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
     latency, the front end's latency) to every row of a measured-runs table: one set, never per row. Reports the
     fitted rows' errors and, with --cross-validate, the errors on rows held out of the fit."""
     from ..distributed import get_executor  # lazy: the executors pull in multiprocessing machinery
-    from ..errors import InputError
-    from ..validation.calibration import Calibration, load_calibration, write_calibration
-    from ..validation.fit import cross_validate, fit
-    from ..validation.report import render_text, write_outputs
-    from ..measured.table import read_measured
-    from ..validation.setup import value
-    from ..validation.simulate import simulate_rows
+    from ..measured.table import read_measured  # lazy: start-up time (the measured tables, ~30 ms)
+    from ..validation.calibration import Calibration, load_calibration, write_calibration  # lazy: as above
+    from ..validation.fit import cross_validate, fit  # lazy: start-up time (the simulator and its profiles)
+    from ..validation.report import render_text, write_outputs  # lazy: as above
+    from ..validation.setup import value  # lazy: as above
+    from ..validation.simulate import simulate_rows  # lazy: as above
 
     names = [p.strip() for p in params.split(",") if p.strip()]
     for n in names:

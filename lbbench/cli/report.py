@@ -1,8 +1,9 @@
 """``lbbench report`` and ``lbbench compare``: the click commands over run directories.
 
 Thin: parse flags, call ``lbbench.reports``, print or write. The main CLI adds both
-commands (``cli.add_command(report)``, ``cli.add_command(compare)``). Bad input is one
-line naming the flag or path and exit code 2; ``compare`` exits 1 on a regression.
+commands (``cli.add_command(report)``, ``cli.add_command(compare)``). Bad input (a run directory that cannot
+be read: ``lbbench.rundir.RunDirError``, an ``InputError``) is one line naming the flag or path and exit code 2,
+from the group's handler; ``compare`` exits 1 on a regression.
 """
 
 from __future__ import annotations
@@ -13,19 +14,15 @@ from pathlib import Path
 
 import click
 
+from rich.console import Console
+
 from ..reports.compare import (DEFAULT_METRICS, METRICS, CompareError, compare_runs, parse_pairs,
                               parse_threshold)
-from ..reports.load import RunDirError
-from .flags import parse_slo, user_message
+from ..reports.compare_render import render_comparison
+from ..reports.render import to_rich
 from ..reports.report import FORMATS, build_report, write_plots
-from ..reports.summary import SummaryError
 from ..reports.tables import Slo
-
-
-class InputError(click.ClickException):
-    """A run directory or file cannot be used: one line, exit code 2."""
-
-    exit_code = 2
+from .flags import parse_slo, user_message
 
 
 def _slo_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Slo | None:
@@ -57,21 +54,14 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
     Runs that differ in a setting (profile, chunked prefill, ...) are grouped by it; runs
     that differ in profile are also laid side by side.
     """
-    try:
-        rep = build_report(run_dirs, baseline=baseline, slo=slo, num_resamples=num_resamples)
-        if plots_dir is not None:
-            for p in write_plots(rep, plots_dir):
-                click.echo(f"wrote {p}", err=True)
-        if fmt == "table" and out is None and sys.stdout.isatty():
-            from rich.console import Console
-
-            from ..reports.render import to_rich
-
-            to_rich(rep.tables, Console(), rep.preamble(), wide)  # the terminal's own width
-            return
-        text = rep.render(fmt, plots=not no_plots, wide=wide)
-    except (RunDirError, SummaryError) as exc:
-        raise InputError(user_message(exc)) from None
+    rep = build_report(run_dirs, baseline=baseline, slo=slo, num_resamples=num_resamples)
+    if plots_dir is not None:
+        for p in write_plots(rep, plots_dir):
+            click.echo(f"wrote {p}", err=True)
+    if fmt == "table" and out is None and sys.stdout.isatty():
+        to_rich(rep.tables, Console(), rep.preamble(), wide)  # the terminal's own width
+        return
+    text = rep.render(fmt, plots=not no_plots, wide=wide)
     if fmt == "html" and out is None:
         first = Path(run_dirs[0])
         out = (first if first.is_dir() else first.parent) / "report.html"
@@ -102,8 +92,6 @@ def report(run_dirs: tuple[str, ...], fmt: str, out: Path | None, slo: Slo | Non
 def compare(baseline: str, candidate: str, max_regression: str, metrics: tuple[str, ...],
             pairs: tuple[str, ...], fmt: str, num_resamples: int, level: float) -> None:
     """Compare CANDIDATE runs against BASELINE runs; exit 1 on a significant regression."""
-    from ..reports.compare_render import render_comparison
-
     try:
         threshold = parse_threshold(max_regression)
         pair_list = parse_pairs(pairs)
@@ -111,12 +99,10 @@ def compare(baseline: str, candidate: str, max_regression: str, metrics: tuple[s
                               num_resamples, level)
     except CompareError as exc:
         msg = user_message(exc)
-        if msg.startswith("--"):
+        if msg.startswith("--"):  # a flag's value: click's own form, with the usage line
             flag, _, rest = msg.partition(": ")
             raise click.BadParameter(rest, param_hint=f"'{flag}'") from None
-        raise InputError(msg) from None
-    except (RunDirError, SummaryError) as exc:
-        raise InputError(user_message(exc)) from None
+        raise  # what the runs hold: the group's one line
     if fmt == "json":
         click.echo(json.dumps(render_comparison(result, "json"), indent=2, default=str))
     else:

@@ -8,25 +8,33 @@ config, draws progress, and renders the summary. Simulated and live runs take th
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..distributed import UnitError, get_executor
 from ..errors import InputError
-from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment, to_json
+from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..live.saturation import DEFAULT_WINDOW_S
-from ..reports.render import cell
+from ..metrics.summary import Slo, to_json
+from ..profiles import load_profile
+from ..reports.render import cell, to_rich
+from ..reports.tables import instances_table
+from ..routers.registry import needs_simulator
+from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests,
+                      scan_requests)
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
 from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
-from .trace import trace_transform_options
+from .trace import trace_options, trace_transform_options
 
 
 def _checkpoints(value: str, routers: list[str]) -> dict[str, dict[str, Any]]:
@@ -75,8 +83,6 @@ class _RichReporter(Reporter):
 
 def config_from_flags(kw: dict[str, Any]) -> RunConfig:
     """The ``RunConfig`` the flags ask for (flag syntax is checked here, values by ``RunConfig.check``)."""
-    from .trace import trace_options
-
     trace_opts = trace_options(kw)
     routers = split_csv(kw["routers"])
     rates = _rates(kw["rate"])
@@ -291,8 +297,6 @@ def run_cmd(**kw: Any) -> None:
 
 
 def _run(kw: dict[str, Any]) -> None:
-    from ..profiles import load_profile
-
     if kw["find_rate"]:
         find_rate_cli(config_from_flags(kw), kw)
         return
@@ -328,7 +332,7 @@ def _run(kw: dict[str, Any]) -> None:
         if executor is not None:
             executor.close()
     _print_summary(outcome.summary, cfg, kw["fmt"], out_dir, outcome.complete, kw["wide"])
-    _say_rejections(out_dir / "requests.parquet", profile)
+    _say_rejections(out_dir, profile)
     if not outcome.complete:
         sys.exit(130)
 
@@ -345,13 +349,10 @@ def _resume_dir(resume: str, out: str | None) -> Path:
     return path
 
 
-def _say_rejections(path: Path, profile: Any) -> None:
+def _say_rejections(out_dir: Path, profile: Any) -> None:
     """One line per kind of request that did not complete: how many, why, and what changes it."""
-    import polars as pl
-    if not path.is_file():
-        return
-    df = pl.read_parquet(path)
-    if "error" not in df.columns or df.height == 0:
+    df = read_requests(out_dir)
+    if df is None or "error" not in df.columns or df.height == 0:
         return
     bad = df.filter(pl.col("error").is_not_null())
     if bad.height == 0:
@@ -366,13 +367,11 @@ def _say_rejections(path: Path, profile: Any) -> None:
     if other.height:
         first = other["error"][0].splitlines()[0][:160]
         err_console.print(f"note: {other.height} of {df.height} requests failed (first: {first}); every one is "
-                          f"in {path} with its error", highlight=False, soft_wrap=True)
+                          f"in {out_dir / REQUESTS_FILE} with its error", highlight=False, soft_wrap=True)
 
 
 def _launch_args(values: Any) -> dict[int, list[str]]:
     """``("1:--no-enable-chunked-prefill --max-num-seqs 8", ...)`` -> ``{1: [...]}`` (shell words)."""
-    import shlex
-
     out: dict[int, list[str]] = {}
     for v in values:
         index, sep, args = v.partition(":")
@@ -458,7 +457,6 @@ def _fmt(col: str, v: Any) -> str:
 
 def summary_table(summary: Any, cfg: RunConfig, complete: bool = True, wide: bool = False) -> Table:
     """The run's summary as a rich table: one row per router (and variant), the columns of ``summary_columns``."""
-    from ..routers.registry import needs_simulator
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = summary_columns(summary, cfg, wide)
@@ -490,7 +488,6 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
         click.echo(to_json(summary))
         return
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    from ..routers.registry import needs_simulator
     oracles = [r for r in cfg.routers if needs_simulator(r)]
     keys = [k for k in cfg.group_keys() if k != "router"]
     console.print(summary_table(summary, cfg, complete, wide))
@@ -506,15 +503,12 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     if keys:
         _print_pivot(console, summary, keys)
     fleet = cfg.fleet_of()
-    if not fleet.is_uniform and (out_dir / "requests.parquet").is_file():  # how each kind of instance fared
-        import polars as pl
-
-        from ..reports.render import to_rich
-        from ..reports.tables import instances_table
-        to_rich([instances_table(pl.scan_parquet(out_dir / "requests.parquet"), cfg.group_keys())], console)
-    more = ", decisions.parquet" if (out_dir / "decisions.parquet").is_file() else ""
+    requests = scan_requests(out_dir)
+    if not fleet.is_uniform and requests is not None:  # how each kind of instance fared
+        to_rich([instances_table(requests, cfg.group_keys())], console)
+    more = f", {DECISIONS_FILE}" if has_decisions(out_dir) else ""
     hint = "" if wide else f"; more columns: --wide, or lbbench report {out_dir}"
-    console.print(f"[dim]wrote {out_dir}/requests.parquet, summary.parquet{more}, run.toml{hint}[/dim]",
+    console.print(f"[dim]wrote {out_dir}/{REQUESTS_FILE}, {SUMMARY_FILE}{more}, {RUN_TOML}{hint}[/dim]",
                   highlight=False)
 
 
@@ -540,6 +534,5 @@ def _print_pivot(console: Console, summary: Any, keys: list[str]) -> None:
 
 
 def _slo_text(cfg: RunConfig) -> str:
-    from ..reports.summary import Slo
     return Slo(**cfg.slo).describe()
 run = run_cmd

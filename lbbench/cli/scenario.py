@@ -31,7 +31,7 @@ import click
 
 from ..errors import InputError
 from ..workloads.trace_formats import MAPPING_KEYS
-from ..experiment.rundir import RUN_TOML, config_record, profile_record, read_run_toml
+from ..rundir import RUN_TOML, config_record, profile_record, read_run_toml
 from .common import err_console
 from .flags import user_message
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from ..core import Request
 from ..workloads.errors import WorkloadError
-from .flags import user_message
 from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from ..workloads.trace_stats import inspect_trace
 from ..workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
@@ -24,12 +25,6 @@ from ..workloads.traces import load_trace_requests, read_trace, write_canonical
 TRACE_READ_OPTIONS = ("trace_format", "mapping", "skip_bad_rows")
 TRACE_TRANSFORM_OPTIONS = ("time_scale", "window", "max_prompt_tokens", "prompt_overflow")
 TRACE_OPTION_NAMES = TRACE_READ_OPTIONS + TRACE_TRANSFORM_OPTIONS
-
-
-class TraceInputError(click.ClickException):
-    """A bad trace file or trace flag: one line, exit code 2."""
-
-    exit_code = 2
 
 
 def _parsed(parse: Callable[[str], Any], flag: str) -> Callable[[click.Context, click.Parameter, str | None], Any]:
@@ -98,10 +93,7 @@ def load_trace_from_options(path: str | Path, options: dict[str, Any], rate: flo
         read, transform = {k: opts.pop(k) for k in ("fmt", "mapping", "skip_bad_rows")}, opts
     else:
         read, transform = split_trace_options(opts)
-    try:
-        return load_trace_requests(path, **read, **transform, rate=rate, requests=requests)
-    except WorkloadError as exc:
-        raise TraceInputError(user_message(exc)) from None
+    return load_trace_requests(path, **read, **transform, rate=rate, requests=requests)
 
 
 @click.group("trace")
@@ -123,13 +115,10 @@ def inspect_cmd(file: str, out_format: str, rate: float | None, requests: int | 
     """
     read, transform = split_trace_options(kwargs)
     transform.update(rate=rate, requests=requests)
-    try:
-        tf = read_trace(file, **read)
-        if any(v is not None for k, v in transform.items() if k != "prompt_overflow"):
-            tf = transform_trace(tf, **transform, drop_failed=False)
-        stats = inspect_trace(tf)
-    except WorkloadError as exc:
-        raise TraceInputError(user_message(exc)) from None
+    tf = read_trace(file, **read)  # a bad file or flag: a WorkloadError, the group's one line
+    if any(v is not None for k, v in transform.items() if k != "prompt_overflow"):
+        tf = transform_trace(tf, **transform, drop_failed=False)
+    stats = inspect_trace(tf)
     if out_format == "json":
         click.echo(json.dumps(stats))
     else:
@@ -147,12 +136,9 @@ def convert_cmd(file: str, out: str, rate: float | None, requests: int | None, k
                 **kwargs: Any) -> None:
     """Write FILE as a canonical Parquet trace OUT (after the transforms)."""
     read, transform = split_trace_options(kwargs)
-    try:
-        tf = transform_trace(read_trace(file, **read), **transform, rate=rate, requests=requests,
-                             drop_failed=not keep_failed)
-        write_canonical(tf, out)
-    except WorkloadError as exc:
-        raise TraceInputError(user_message(exc)) from None
+    tf = transform_trace(read_trace(file, **read), **transform, rate=rate, requests=requests,
+                         drop_failed=not keep_failed)
+    write_canonical(tf, out)
     skipped = f", {tf.skipped_rows} bad rows skipped" if tf.skipped_rows else ""
     click.echo(f"wrote {len(tf)} requests ({tf.format} trace) to {out}{skipped}")
 
@@ -166,9 +152,6 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def _print_table(stats: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     rate = stats["rate_per_s"]
     console.print(f"[bold]{stats.get('file', '')}[/bold] ({stats.get('format', '?')}): "

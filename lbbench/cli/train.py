@@ -33,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import click
+import polars as pl
 from click.core import ParameterSource
 
+from ..experiment import WORKLOADS
+from ..fleet import FleetError
+from ..profiles import ProfileError, load_profile
 from ..training.config import RECIPES, TrainConfig, field_help
 from ..errors import InputError
 from .flags import ray_option
+from .trace import split_trace_options, trace_transform_options
 
 _CHOICES = {"router": ["baseline_rl", "wa_rl", "wgrl"], "discount": ["time", "decision"],
             "guidance_schedule": ["fading", "literal"], "estimator": ["paper", "interference"],
@@ -74,7 +79,6 @@ def _options(fn):
 
 
 def _trace_flags(fn):
-    from .trace import trace_transform_options
     return trace_transform_options(fn)
 
 
@@ -101,7 +105,6 @@ def _recipe_help() -> str:
 @ray_option
 def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None, **kw: Any) -> None:
     """Train an RL router (baseline_rl, wa_rl, wgrl) with Double DQN on the simulator."""
-    from .trace import split_trace_options
     read, transform = split_trace_options(kw)
     ctx = click.get_current_context()
     kw.update({k: v for k, v in RECIPES[recipe].items()
@@ -113,13 +116,11 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
     cfg = TrainConfig(**kw, trace_options=trace_options if kw["trace"] else {})
     _validate(cfg)
     try:
-        from ..training.rounds import train as run_training
+        from ..training.rounds import train as run_training  # lazy: torch and gymnasium are the optional learn extra
     except ModuleNotFoundError as exc:
         raise click.UsageError(f"lbbench train needs {exc.name} (install the 'learn' extra: "
                                "pip install 'lbbench[learn]')") from None
-    from ..profiles import ProfileError, load_profile
     if cfg.fleet:
-        from ..fleet import FleetError
         try:
             cfg = cfg.for_fleet()
         except FleetError as exc:
@@ -151,7 +152,7 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
     if len(val):
         line += f"; exported network: validation mean E2E {val.min():.2f} s"
     click.echo(line)
-    from ..routers.rl.policy import load_policy
+    from ..routers.rl.policy import load_policy  # lazy: start-up time (the RL policy stack)
     meta = load_policy(out).meta
     v = meta.get("validation")
     if v:
@@ -161,7 +162,6 @@ def train(out_dir: str, quiet: bool, recipe: str, ray_address: str | None = None
                    f"{v['heuristic_e2e_s']:.2f} s mean E2E; the checkpoint routes with {uses}")
     lc = out / "learning_curve.parquet"
     if lc.is_file():
-        import polars as pl
         last = pl.read_parquet(lc).filter(pl.col("episode") == pl.col("episode").max())
         vals = {r["policy"]: r["mean_e2e_s"] for r in last.iter_rows(named=True)}
         click.echo(f"learning curve (validation workloads, episode {last['episode'][0]}): network "
@@ -184,7 +184,6 @@ def _rates_ok(cfg: TrainConfig) -> bool:
 
 
 def _validate(cfg: TrainConfig) -> None:
-    from ..experiment import WORKLOADS
     workload_ok = cfg.workload in WORKLOADS or cfg.workload.startswith("dataset:")
     checks = [(cfg.instances >= 1, "--instances", "must be >= 1"),
               (cfg.episodes >= 1, "--episodes", "must be >= 1"),

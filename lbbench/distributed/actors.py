@@ -376,12 +376,11 @@ class RayActors(ActorPool):
         return self.ray.wait(handles, num_returns=len(handles), timeout=0)[0]
 
     def _result(self, handle: Any) -> Any:
-        from ray.exceptions import RayActorError, RayTaskError  # ray is an optional extra
         try:
             return self.ray.get(handle)
-        except RayTaskError as exc:  # the method raised: its own error, as it would be raised here
+        except self.ray.exceptions.RayTaskError as exc:  # the method raised: its own error, as it would be here
             raise exc.as_instanceof_cause() from None
-        except RayActorError as exc:
+        except self.ray.exceptions.RayActorError as exc:
             raise WorkerDied(type(exc).__name__) from None
 
     def _restart(self, worker: int) -> None:

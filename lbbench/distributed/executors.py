@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
+from .ray_cluster import cluster_cpus, connect, node_names, require_ray, shutdown
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -53,8 +55,7 @@ def run_batch(fn: Callable[[T], R], units: Sequence[T]) -> list[R]:
 
 def run_batch_on_node(fn: Callable[[T], R], units: Sequence[T]) -> tuple[str, list[R]]:
     """What one Ray task runs: ``run_batch``, and the id of the node it ran on."""
-    import ray
-    return ray.get_runtime_context().get_node_id(), run_batch(fn, units)
+    return require_ray().get_runtime_context().get_node_id(), run_batch(fn, units)
 
 
 def batches(num_units: int, batch_size: int) -> list[range]:
@@ -112,9 +113,9 @@ class ProcessExecutor(Executor):
         return {"executor": self.name, "jobs": self.jobs}
 
     def submit(self, units: Sequence[T], fn: Callable[[T], R]) -> Iterator[tuple[int, R]]:
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-        from concurrent.futures.process import BrokenProcessPool
+        import multiprocessing  # lazy: start-up time (the process pool's machinery, for --jobs N only)
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait  # lazy: start-up time (as above)
+        from concurrent.futures.process import BrokenProcessPool  # lazy: start-up time (as above)
 
         units = list(units)
         todo = batches(len(units), self.batch_size or auto_batch_size(len(units), self.jobs, tasks_per_cpu=8))
@@ -161,7 +162,6 @@ class RayExecutor(Executor):
 
     def __init__(self, address: str | None = "auto", batch_size: int | None = None,
                  max_pending: int | None = None, **init_kwargs: Any):
-        from .ray_cluster import cluster_cpus, connect
         connect(address, **init_kwargs)
         self.address = address
         self.batch_size = batch_size
@@ -189,17 +189,15 @@ class RayExecutor(Executor):
 
     def _name_nodes(self) -> None:
         """Names of the cluster's nodes (alive or dead), by node id."""
-        from .ray_cluster import node_names
         self._node_names.update(node_names())
 
     def close(self) -> None:
-        from .ray_cluster import shutdown
         shutdown()
 
     def submit(self, units: Sequence[T], fn: Callable[[T], R]) -> Iterator[tuple[int, R]]:
-        import ray
-        from ray.exceptions import RayError, RayTaskError, TaskCancelledError
-
+        ray = require_ray()
+        RayError, RayTaskError, TaskCancelledError = (ray.exceptions.RayError, ray.exceptions.RayTaskError,
+                                                      ray.exceptions.TaskCancelledError)
         task = ray.remote(max_retries=1, retry_exceptions=False)(run_batch_on_node)
         units = list(units)
         todo = batches(len(units), self.batch_size or auto_batch_size(len(units), self.num_cpus))

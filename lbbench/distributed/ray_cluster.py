@@ -1,7 +1,8 @@
 """Joining a Ray cluster for ``--ray``: the one place lbbench imports Ray, lazily.
 
-Ray is an optional extra (``pip install 'lbbench[ray]'``); nothing else in the package imports it at module
-level. ``connect(address)`` resolves what a user gave to ``--ray``:
+Ray is an optional extra (``pip install 'lbbench[ray]'``): ``require_ray()`` imports it (or says which extra
+is missing) and every other use in the package — the executors' tasks, the actor pools — goes through it.
+``connect(address)`` resolves what a user gave to ``--ray``:
 
 - ``"auto"`` (``--ray`` alone): the cluster named by ``$RAY_ADDRESS`` if set; otherwise a running cluster on
   this machine (one started with ``ray start --head``), and when none is found a local instance started here;
@@ -18,6 +19,14 @@ the connection away for want of a token and a token is at hand here (``RAY_AUTH_
 ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``, the file ``ray start --head`` reads), it turns token mode on
 for this process, says so in one line on stderr, and connects again.
 
+Two steps of that use Ray's private ``ray._raylet``, because Ray (2.5x-2.6x) has no public API for them:
+asking a cluster whether it wants a token without ``ray.init`` (which would retry a refused connection for
+minutes; ``GcsClient`` answers at once with ``ray.exceptions.AuthenticationError``, the public exception), and
+re-reading ``RAY_AUTH_MODE`` inside a running process (``Config.initialize`` and
+``AuthenticationTokenLoader.reset_cache``; Ray reads its settings once, when it is imported). Both only serve
+this convenience: with ``RAY_AUTH_MODE=token`` set before lbbench starts, the public ``ray.init`` alone
+connects; ``tests/distributed/test_two_nodes.py`` runs the private path against a token cluster.
+
 Clusters started here, as processes (``LocalCluster``: ``start_head``, ``start_worker``, ``stop``): a head
 and more nodes on this machine, each a ``ray start ... --block`` child in its own process group, all on one
 loopback address, in one temp dir of their own, with their own ports, so that they touch no other Ray on
@@ -30,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -54,7 +64,7 @@ _initialised_here = False
 def require_ray() -> ModuleType:
     """The ``ray`` module, or an ``InputError`` naming the extra that provides it."""
     try:
-        import ray
+        import ray  # lazy: ray is an optional extra
     except ImportError:
         raise InputError(EXTRA_HINT, FIELD) from None
     return ray
@@ -99,8 +109,6 @@ def connect(address: str | None = "auto", **init_kwargs: Any) -> bool:
 
 def _check_reachable(address: str, where: str, timeout_s: float = 5.0) -> None:
     """An ``InputError`` unless ``address`` (``[ray://]HOST:PORT``) accepts a TCP connection."""
-    import socket
-
     hostport = address.split("://", 1)[-1].rstrip("/")
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
@@ -124,8 +132,8 @@ def token_source() -> str | None:
 
 def _asks_for_token(address: str) -> bool:
     """Whether the cluster at ``address`` turns this process away for want of (the right) token."""
-    from ray._raylet import GcsClient
-    from ray.exceptions import AuthenticationError
+    from ray._raylet import GcsClient  # lazy: ray is an optional extra; private (no public probe: module docstring)
+    AuthenticationError = require_ray().exceptions.AuthenticationError
 
     saved = os.dup(2)  # Ray's C++ client logs the refusal on stderr: this is a question, not an error
     try:
@@ -144,6 +152,7 @@ def _asks_for_token(address: str) -> bool:
 
 def _enable_token_mode() -> None:
     """``RAY_AUTH_MODE=token`` for this process (and the processes it starts), as Ray itself does it."""
+    # lazy: ray is an optional extra; private (no public way to re-read the settings: module docstring)
     from ray._raylet import AuthenticationTokenLoader, Config
 
     os.environ["RAY_AUTH_MODE"] = "token"
@@ -182,21 +191,18 @@ def shutdown() -> None:
     global _initialised_here
     if not _initialised_here:
         return
-    import ray
-    ray.shutdown()
+    require_ray().shutdown()
     _initialised_here = False
 
 
 def cluster_cpus() -> int:
     """CPUs the connected cluster offers (at least 1)."""
-    import ray
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return max(1, int(require_ray().cluster_resources().get("CPU", 1)))
 
 
 def node_address() -> str:
     """This node's IP address in the connected cluster (where its Ray workers reach this process)."""
-    import ray
-    return ray.util.get_node_ip_address()
+    return require_ray().util.get_node_ip_address()
 
 
 def current_node_id() -> str | None:
@@ -212,7 +218,7 @@ def node_names() -> dict[str, str]:
     """The name of each node of the connected cluster (alive or dead), by node id: its ``lbbench-node:NAME``
     resource (``LocalCluster`` nodes), else its address, with the start of its id when several nodes share one;
     {} when the cluster cannot say (the names are a courtesy: ids stand in for them)."""
-    import ray
+    ray = require_ray()
     try:
         nodes = ray.nodes()
     except Exception:
@@ -417,7 +423,6 @@ def start_head(num_cpus: int = 1, *, name: str = "head", host: str = LOOPBACK, p
     tdir = Path(tempfile.mkdtemp(prefix="lbray-") if own else temp_dir)
     tdir.mkdir(parents=True, exist_ok=True)
     token = tdir / "auth_token"
-    import secrets
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     cluster = LocalCluster(f"{host}:{port or free_port(host)}", tdir, token, owns_temp_dir=own)

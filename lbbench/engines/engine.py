@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import InputError
 
-class UnknownEngineError(ValueError):
+
+class UnknownEngineError(InputError):
     """``--engine NAME`` names no known engine."""
 
 

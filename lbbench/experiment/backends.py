@@ -27,16 +27,16 @@ from typing import Any, Callable, ClassVar, Iterator, Protocol
 from ..core import InstanceSpec, Request
 from ..distributed import Executor, SerialExecutor, get_executor
 from ..distributed.ray_cluster import connect
+from ..engines.vllm.info import EngineInfoError, engine_info
 from ..engines.vllm.launcher import launch
 from ..live.saturation import SaturationPolicy, default_threshold, records_saturated_at
 from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint_counter, local_counter,
                                     prompt_length_mismatches, texts_for)
 from ..profiles import Profile
-from ..profiling.measure import MeasureError, engine_info
+from ..rundir import RunDir
 from ..priority import request_priority
 from ..sim.cluster import ClusterSim
 from .config import RunConfig, Variant, split_endpoint
-from .rundir import RunDir
 from .units import Reporter, UnitOutput, UnitResult, Work, plan_all, run_unit
 
 
@@ -138,7 +138,7 @@ def live_spec(profile: Profile, url: str) -> InstanceSpec:
     spec = profile.instance_spec()
     try:
         info = engine_info(url)
-    except MeasureError:
+    except EngineInfoError:
         return spec
     return replace(spec, kv_capacity_tokens=info.num_blocks * info.block_size)
 
@@ -208,19 +208,20 @@ class LiveFleet:
             self._prepared = requests
 
     def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
-        from ..harness.replay import run_replay  # lazy: the replay client (aiohttp) would slow every sim start
+        # lazy: the replay client (aiohttp) would slow every sim start
+        from ..harness.replay import ReplaySettings, run_replay
 
         cfg, unit = self.cfg, work.unit
-        res = run_replay(requests, router, self.endpoints, model=cfg.model, specs=self.specs,
-                         run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed,
-                         out_dir=self.run_dir.partial_dir(work.label) if self.run_dir else None,
-                         request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
-                         priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
-                         scrape_interval_s=cfg.timeline_interval_s, label=unit.router,
-                         stream_workers=cfg.stream_workers, load_workers=cfg.load_workers or 0,
-                         ray=self._ray_connected(), send_lead_s=cfg.send_lead_s, keep_token_times=False,
-                         saturation=saturation_policy(cfg, requests),
-                         progress=lambda done, total: reporter.unit_progress(work.label, done, total))
+        settings = ReplaySettings(
+            run_id=self.run_dir.run_id if self.run_dir else "", seed=unit.seed, model=cfg.model, specs=self.specs,
+            out_dir=self.run_dir.partial_dir(work.label) if self.run_dir else None,
+            request_timeout_s=cfg.request_timeout_s, api=cfg.api, min_step_s=self.profile.min_step_s,
+            priority_of=self._priority_of, prompt_texts=self._prompt_texts, engine=cfg.engine,
+            scrape_interval_s=cfg.timeline_interval_s, label=unit.router, stream_workers=cfg.stream_workers,
+            load_workers=cfg.load_workers or 0, ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
+            keep_token_times=False, saturation=saturation_policy(cfg, requests),
+            progress=lambda done, total: reporter.unit_progress(work.label, done, total))
+        res = run_replay(requests, router, self.endpoints, settings)
         if res.load_workers:
             self.worker_rows += [{"unit": unit.label, **row} for row in res.load_workers]
             reporter.note(f"{unit.label}: " + "; ".join(

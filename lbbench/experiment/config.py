@@ -15,10 +15,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engines import ENGINES
 from ..errors import InputError
 from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
 from ..live.saturation import DEFAULT_WINDOW_S
+from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
+from ..routers import get_router
+from ..routers.registry import ORACLE_REFUSAL, UnknownRouterError, needs_simulator
+from ..sim.instance import INSTANCE_SCHEDULERS
+from ..workloads import PAPER_CLASS_ORDERS
 
 if TYPE_CHECKING:
     from ..profiles import Profile
@@ -203,7 +209,6 @@ class RunConfig:
         elif cfg.rates:
             cfg.rate_per_s = None
         if cfg.workload == "paper-classes" and not cfg.trace and cfg.orders == [None]:
-            from ..workloads import PAPER_CLASS_ORDERS
             cfg.orders = list(PAPER_CLASS_ORDERS)
         fleet = cfg.fleet_of() if cfg.fleet is not None else None
         if fleet is not None:
@@ -227,8 +232,6 @@ class RunConfig:
     # ---------------------------------------------------------------------------------------- checks
     def check(self, profile: Profile) -> None:
         """Raise ``ConfigError`` for anything that cannot run; builds the predictor and every router once."""
-        from ..sim.instance import INSTANCE_SCHEDULERS
-
         if not self.routers:
             raise ConfigError("give at least one router name", "routers")
         if self.instances < 1:
@@ -244,7 +247,6 @@ class RunConfig:
                 raise ConfigError(f"unknown {s!r} (choose from {', '.join(INSTANCE_SCHEDULERS)})",
                                   "instance_schedulers")
         if self.orders != [None]:
-            from ..workloads import PAPER_CLASS_ORDERS
             if self.workload != "paper-classes" or self.trace:
                 raise ConfigError("only applies to the paper-classes workload", "orders")
             for o in self.orders:
@@ -261,9 +263,6 @@ class RunConfig:
                 raise ConfigError(f"router {name!r} has options but is not among the routers", "router_options")
         self._check_live()
         self._check_decisions()
-        from ..predict import load_predictor
-        from ..routers import get_router
-        from ..routers.registry import UnknownRouterError
         load_predictor(self.predictor, profile=profile, seed=self.seed)
         for r in self.routers:
             try:
@@ -319,7 +318,6 @@ class RunConfig:
         if self.prompt_mode not in PROMPT_MODES:
             raise ConfigError(f"unknown prompt mode {self.prompt_mode!r} (choose from {', '.join(PROMPT_MODES)})",
                               "prompt_mode")
-        from ..engines import ENGINES
         if self.engine not in ENGINES:
             raise ConfigError(f"unknown engine {self.engine!r} (known: {', '.join(ENGINES)})", "engine")
         if self.engine != "vllm" and not self.endpoints:
@@ -327,7 +325,6 @@ class RunConfig:
                               "simulator has no engine dialect)", "engine")
         if not self.live:
             return
-        from ..routers.registry import ORACLE_REFUSAL, needs_simulator
         for r in self.routers:
             if needs_simulator(r):
                 raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")

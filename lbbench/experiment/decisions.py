@@ -18,7 +18,8 @@ regret is the chosen action's cost minus the cheapest candidate's (>= 0: the cho
 seconds of summed E2E. This is the planner's own evaluation (``lookahead.fork_cost``) with the unit's router as
 the base policy (tested equal on an exact horizon).
 
-``frame()`` gives the ``decisions.parquet`` rows of the unit (``DECISION_SCHEMA``); ``rundir`` writes them.
+``frame()`` gives the ``decisions.parquet`` rows of the unit (``lbbench.rundir.DECISION_SCHEMA``);
+``lbbench.rundir`` writes them.
 """
 
 from __future__ import annotations
@@ -31,22 +32,10 @@ import polars as pl
 
 from ..core import ClusterView, Decision, Request
 from ..routers.lookahead import LookaheadParams, fork_cost, instance_costs
+from ..rundir import DECISION_SCHEMA
 
 #: the planner's default horizon: counterfactuals are costed as its rollouts are
 DEFAULT_HORIZON_S = LookaheadParams().horizon_s
-
-DECISION_SCHEMA: dict[str, Any] = {
-    "decision": pl.Int64, "time_s": pl.Float64, "queue_len": pl.Int64, "head_request_id": pl.Int64,
-    "head_prompt_tokens": pl.Int64, "head_predicted_output_tokens": pl.Int64,
-    "chosen_instance": pl.Int64, "chosen_request_id": pl.Int64,
-    "outstanding": pl.List(pl.Int64), "prefilling": pl.List(pl.Int64), "pending_prompt_tokens": pl.List(pl.Int64),
-    "context_tokens": pl.List(pl.Int64), "kv_usage": pl.List(pl.Float64),
-    "predicted_tokens_remaining": pl.List(pl.Int64), "scores": pl.List(pl.Float64),
-    "cf_instances": pl.List(pl.Int64), "cf_costs": pl.List(pl.Float64), "chosen_cost_s": pl.Float64,
-    "regret_s": pl.Float64,
-}
-"""``chosen_instance`` null: a deferral. ``scores`` null: the router offers none. ``cf_instances`` (-1: the
-deferral) and ``cf_costs``: the candidates' rollout costs, null where no counterfactual was run."""
 
 #: the per-instance feature columns, in the order the recorder reads them
 FEATURES = ("outstanding", "prefilling", "pending_prompt_tokens", "context_tokens", "kv_usage",

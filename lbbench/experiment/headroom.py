@@ -6,9 +6,9 @@ directory under ``out_dir``):
 1. ``tuning``: every classical heuristic (``CLASSICAL``) on *tuning* seeds, disjoint from the evaluation
    seeds (``cfg.seed + TUNING_SEED_OFFSET`` on); the one with the lowest mean E2E is "the best classical
    heuristic". It is chosen there and only evaluated on the evaluation seeds, so its row is not fitted to them.
-2. ``baselines``: the production routers (``lbbench.reports.reference.BASELINE_ROUTERS``) and ``random`` on
+2. ``baselines``: the production routers (``lbbench.metrics.reference.BASELINE_ROUTERS``) and ``random`` on
    the ``fcfs`` and vLLM ``priority`` instance schedulers; the strongest combination is found by
-   ``lbbench.reports.reference`` (the same rule as ``lbbench run`` and ``lbbench paper``: chosen on the
+   ``lbbench.metrics.reference`` (the same rule as ``lbbench run`` and ``lbbench paper``: chosen on the
    reported seeds, which favours the baseline). On a mixed fleet the capacity-aware routers
    (``CAPACITY_ROUTERS``) join them, and the planner's base defaults to ``best`` (the cheapest of several bases
    on a fork): the FIFO KV gate it starts from on a uniform fleet assumes equal instances.
@@ -35,7 +35,10 @@ from typing import Any
 
 import polars as pl
 
-from ..reports.reference import BASELINE_ROUTERS
+from ..metrics.reference import BASELINE_ROUTERS, with_reference
+from ..metrics.summary import summarize
+from ..routers.lookahead import parse_params
+from ..rundir import HEADROOM_FILE, read_requests
 from .config import ConfigError, RunConfig
 from .runner import run_experiment
 from .units import Reporter
@@ -84,9 +87,8 @@ def _part(cfg: RunConfig, out: Path, name: str, reporter: Reporter, executor: An
           ) -> tuple[pl.DataFrame, bool]:
     part_cfg = replace(cfg, **changes)
     outcome = run_experiment(part_cfg, out / name, reporter=reporter, executor=executor)
-    path = outcome.path / "requests.parquet"
-    df = pl.read_parquet(path) if path.is_file() else pl.DataFrame()
-    return df, outcome.complete
+    df = read_requests(outcome.path)
+    return (pl.DataFrame() if df is None else df), outcome.complete
 
 
 def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | None = None, num_tuning_seeds: int = 2,
@@ -100,6 +102,7 @@ def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | No
     """
     if cfg.live:
         raise ConfigError("headroom runs on the simulator only (the planner is an oracle)", "endpoints")
+    parse_params(dict(planner_options or {}))  # a bad planner option fails before any run
     out = Path(out_dir)
     reporter = reporter or Reporter()
     asked = [r for r in (routers or []) if r not in (PLANNER, PLANNER_REORDER)]
@@ -151,16 +154,13 @@ def run_headroom(cfg: RunConfig, out_dir: Path | str, *, routers: list[str] | No
         complete = False
     table, ref = headroom_table(frames, best, tune, asked)
     out.mkdir(parents=True, exist_ok=True)
-    table.write_parquet(out / "headroom.parquet")
+    table.write_parquet(out / HEADROOM_FILE)
     return HeadroomResult(table, best, tune, ref, complete, out)
 
 
 def headroom_table(frames: list[pl.DataFrame], best: str | None, tune: list[int], asked: list[str]
                    ) -> tuple[pl.DataFrame, str | None]:
     """(the headroom table, the strongest combination's label) from every part's request rows."""
-    from ..reports.reference import with_reference
-    from ..reports.summary import summarize
-
     if not frames:
         return pl.DataFrame(schema={c: pl.String for c in COLUMNS}), None
     df = pl.concat(frames, how="diagonal_relaxed")

@@ -1,6 +1,6 @@
 """Resuming an interrupted run (``lbbench run --resume RUN_DIR``): keep its complete units, run the rest.
 
-``load_resume(path, cfg, profile)`` reads the run directory ``rundir.py`` wrote. It first compares the settings
+``load_resume(path, cfg, profile)`` reads the run directory ``lbbench.rundir`` wrote. It first compares the settings
 that define the units and their records (``UNIT_SETTINGS``: the workload, requests, seeds, routers, rates, the
 fleet, the predictor, ...) with those ``run.toml`` recorded, and refuses one that differs, naming it:
 ``--resume: run.toml has requests=200, this run asks 300``. Settings that change only how a run is carried out
@@ -19,8 +19,8 @@ from typing import Any
 import polars as pl
 
 from ..profiles import Profile
+from ..rundir import RUN_TOML, clean, read_run_toml, read_unit_tables, scan_requests
 from .config import ConfigError, RunConfig
-from .rundir import DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, TIMELINE_FILE, _clean, read_run_toml
 
 #: ``RunConfig`` fields that define a run's units and their records; a resumed run must ask the same
 UNIT_SETTINGS: tuple[str, ...] = (
@@ -60,7 +60,7 @@ def _show(v: Any) -> str:
 def settings_differ(recorded: dict[str, Any], cfg: RunConfig) -> tuple[str, Any, Any] | None:
     """The first unit-defining setting whose value ``run.toml``'s ``[config]`` and ``cfg`` disagree on, with
     both values (as ``run.toml`` writes them); None when they agree."""
-    asked = _clean(asdict(cfg))
+    asked = clean(asdict(cfg))
     for name in UNIT_SETTINGS:
         if name == "trace_options" and not cfg.trace:
             continue  # they shape a trace only (the CLI fills their defaults either way)
@@ -77,27 +77,26 @@ def load_resume(path: Path | str, cfg: RunConfig, profile: Profile) -> Resumed:
     """The complete units of the run directory ``path``, after checking that ``cfg`` (resolved) asks for the
     same units; ``ConfigError`` (one line) otherwise."""
     path = Path(path)
-    if not (path / RUN_TOML).is_file():
-        raise ConfigError(f"--resume: {path} is not a run directory (no {RUN_TOML})")
     doc = read_run_toml(path)
+    if not doc:
+        raise ConfigError(f"--resume: {path} is not a run directory (no {RUN_TOML})")
     diff = settings_differ(doc.get("config", {}), cfg)
     if diff is not None:
         name, had, asks = diff
         raise ConfigError(f"--resume: {RUN_TOML} has {name}={_show(had)}, this run asks {_show(asks)}")
-    fleet = _clean(cfg.fleet_of(profile).to_toml_dict())
+    fleet = clean(cfg.fleet_of(profile).to_toml_dict())
     if "fleet" in doc and doc["fleet"] != fleet:
         raise ConfigError(f"--resume: {RUN_TOML} has fleet={_show(doc['fleet'].get('spec'))}, this run asks "
                           f"{_show(fleet.get('spec'))}")
     out = Resumed(str(doc.get("run_id", "")))
     units = doc.get("units")
-    requests_path = path / REQUESTS_FILE
     if units is None:
-        if requests_path.is_file() and pl.read_parquet_schema(requests_path) and doc.get("runs_completed"):
+        requests = scan_requests(path)
+        if requests is not None and requests.collect_schema() and doc.get("runs_completed"):
             raise ConfigError(f"--resume: {RUN_TOML} lists no units (written before --resume existed); "
                               "start a new run")
         return out  # stopped before any unit was written: every unit runs
-    tables = [pl.read_parquet(path / name) if (path / name).is_file() else None
-              for name in (REQUESTS_FILE, TIMELINE_FILE, DECISIONS_FILE)]
+    tables = read_unit_tables(path)
     starts = [0, 0, 0]
     for u in units:
         counts = [int(u.get(k, 0)) for k in ("requests", "timeline", "decisions")]

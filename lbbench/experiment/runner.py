@@ -17,6 +17,7 @@ other library errors, never printed here.
 
 from __future__ import annotations
 
+import datetime as _dt
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,11 +28,17 @@ import polars as pl
 
 from ..distributed import Executor, SerialExecutor, UnitError
 from ..profiles import Profile, load_profile
+from ..rundir import RunDir
 from .backends import SimBackend, backend_for
-from .config import RunConfig
+from .config import RunConfig, workload_label
 from .resume import load_resume
-from .rundir import RunDir
 from .units import Reporter, UnitOutput, Work, saturation_line, works
+
+
+def default_out_dir(cfg: RunConfig) -> Path:
+    """``runs/<timestamp>-<workload>``: where a run goes when no directory is given."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{workload_label(cfg).replace(':', '-').replace('/', '-')}"
 
 
 def run_units(units: Sequence[Work], run: Callable[[Work], UnitOutput], executor: Executor,

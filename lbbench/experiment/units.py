@@ -10,7 +10,7 @@ requests (cached per process, so that consecutive units of one seed build them o
 sees the very same requests), makes the unit's router, notes a learned router that routes with its guidance
 heuristic, runs the unit on the ``Instances`` a backend gives it (``lbbench.experiment.backends``) and builds the
 unit's frames. A simulated unit's records are in memory and its frame is too; a live unit's were streamed to disk
-as its requests ended (``lbbench.harness.record_log``) and its frame stays lazy, a scan of them: the run
+as its requests ended (``lbbench.rundir.records``) and its frame stays lazy, a scan of them: the run
 directory writes ``requests.parquet`` from it without holding the records.
 """
 
@@ -26,9 +26,9 @@ from ..fleet import Fleet
 from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
 from ..routers import get_router
+from ..rundir import records_frame, timeline_frame
 from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
 from .decisions import DecisionRecorder
-from .rundir import records_frame, timeline_frame
 from .workload import build_requests
 
 

@@ -26,7 +26,7 @@ whose requests fail with connection errors is marked down until its
 ``/health`` answers again) and ``MetricsSample`` (``/metrics`` scraped every
 ``scrape_interval_s``).
 
-Every record goes to a ``RecordLog`` (``lbbench.harness.record_log``) as soon
+Every record goes to a ``RecordLog`` (``lbbench.rundir.records``) as soon
 as its request ends: appended to ``out_dir/requests.partial.jsonl`` and written
 in Parquet chunks, so the client holds no record in memory however long the
 run (``result.frame()`` scans them; ``result.records`` reads them back). Ctrl-C
@@ -65,13 +65,17 @@ import polars as pl
 from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, Request, RequestRecord,
                     TokensGenerated, chain_sessions)
 from ..dispatch import Router
-from ..engines import VLLM, Engine, get_engine
+from ..engines import Engine, get_engine
+from ..errors import InputError
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
+from ..live.load_workers import LoadWorkers, LoadWorkerSettings, worker_summary
 from ..live.memtrace import MemTrace
 from ..live.metrics import parse_metrics
 from ..live.saturation import SaturationDetector, SaturationPolicy, sample_interval
-from .record_log import RecordLog
+from ..live.workers import StreamWorkers, WorkerSettings
+from ..rundir import RecordLog
+
 #: the error of a request never sent because its step saturated, and of one aborted in flight (``cancel``)
 NOT_SENT = "not sent: saturated"
 CANCELLED = "cancelled: saturated"
@@ -85,7 +89,7 @@ METRICS_SCHEMA = {"time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.
                   "num_waiting": pl.Int64, "kv_usage": pl.Float64, "num_preemptions": pl.Int64}
 
 
-class EndpointError(ValueError):
+class EndpointError(InputError):
     """An endpoint cannot be used (the message starts with `endpoint URL:`; the CLI maps it to `--endpoint`)."""
 
 
@@ -188,30 +192,88 @@ class ReplayResult:
         return self.log.records()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReplaySettings:
+    """How a live replay runs (``run_replay``): every knob but the requests, the router and the endpoints."""
+
+    run_id: str
+    """The records' ``run_id``."""
+    seed: int
+    """The records' ``seed``."""
+    model: str | None = None
+    """The model to request; None: the first model the first endpoint serves."""
+    specs: Sequence[InstanceSpec] | None = None
+    """One ``InstanceSpec`` per endpoint: what the router may know about each instance's capacity (None: the
+    default spec for each)."""
+    out_dir: str | Path | None = None
+    """Where the records stream to (``lbbench.rundir.RecordLog``); None: a temporary folder kept with the
+    result."""
+    scrape_interval_s: float | None = 1.0
+    """Seconds between ``/metrics`` scrapes of every endpoint (None: no scraping)."""
+    request_timeout_s: float = 600.0
+    """Seconds before a request is recorded as failed."""
+    api: str = "completions"
+    """``completions`` or ``chat``."""
+    min_step_s: float = 0.02
+    """The decision epoch: deferred requests are offered to the router again this often."""
+    progress: Callable[[int, int], None] | None = None
+    """Called with (requests ended, requests) as the run goes."""
+    health_interval_s: float = 0.5
+    """Seconds between health probes of an endpoint that stopped answering."""
+    stall_timeout_s: float = 30.0
+    """Seconds without any progress after which the run stops, incomplete."""
+    warm_connections: int = 16
+    """Keep-alive connections opened per endpoint before the clock starts."""
+    early_wake_s: float = EARLY_WAKE_S
+    """The scheduler yields in a loop for this long before each arrival: a little CPU for sub-millisecond send
+    precision (0: off)."""
+    priority_of: Callable[[Request, int], int] | None = None
+    """``priority_of(request, instance)``: the ``priority`` field each request is sent with to that instance
+    (servers under vLLM's priority scheduling policy)."""
+    prompt_texts: dict[int, str] | None = None
+    """Request id -> text (``lbbench.harness.text_prompts``): replaces token-id prompts for endpoints that take
+    only text."""
+    engine: Engine | str | None = None
+    """The endpoints' engine (``lbbench.engines``; None: vLLM): its request fields and metric names."""
+    label: str | None = None
+    """The records' ``router`` column (None: the router's name)."""
+    stream_workers: int = 0
+    """> 0: send and read the streams in that many worker processes (``lbbench.live.workers``), leaving this
+    process only the schedule, the decisions and the records."""
+    load_workers: int = 0
+    """> 0 (``lbbench.live.load_workers``): the router decides ``send_lead_s`` ahead of each arrival and the
+    workers send at the planned times on this process's clock; ``result.load_workers`` has each worker's clock
+    offset and dispatch lag. Not with ``stream_workers``."""
+    ray: bool = False
+    """Load workers as Ray actors (the caller has connected to a cluster)."""
+    send_lead_s: float = 0.02
+    """With load workers: how long before an arrival the router decides it and hands it to its worker."""
+    keep_token_times: bool = True
+    """False leaves ``result.token_times`` empty: a long run then holds only its records (a few hundred bytes
+    each; every token's time costs about 32 bytes more)."""
+    saturation: SaturationPolicy | None = None
+    """Samples the backlog (arrived, not yet ended) and marks the run saturated when it keeps growing faster than
+    the policy's threshold over its window (``result.saturated_at_s``); unless the policy only marks, sending then
+    stops: every request not yet sent is recorded with error ``not sent: saturated`` and, with ``cancel``, every
+    request in flight is aborted and recorded as failed with ``cancelled: saturated`` (``drain`` lets them
+    finish). The result stays complete: every request has its record."""
+
+
 class _Replay:
-    def __init__(self, requests: Sequence[Request], router: Router, endpoints: list[str], *,
-                 model: str, specs: Sequence[InstanceSpec], run_id: str, seed: int,
-                 out_dir: Path | None, scrape_interval_s: float | None, request_timeout_s: float,
-                 api: str, min_step_s: float, progress: Callable[[int, int], None] | None,
-                 health_interval_s: float, stall_timeout_s: float, warm_connections: int,
-                 early_wake_s: float, priority_of: Callable[[Request, int], int] | None = None,
-                 prompt_texts: dict[int, str] | None = None, engine: Engine = VLLM, label: str | None = None,
-                 stream_workers: int = 0, load_workers: int = 0, ray: bool = False, send_lead_s: float = 0.02,
-                 keep_token_times: bool = True, saturation: SaturationPolicy | None = None):
-        self.keep_token_times = keep_token_times
-        self.saturation = saturation
+    def __init__(self, requests: Sequence[Request], router: Router, endpoints: list[str], model: str,
+                 specs: Sequence[InstanceSpec], settings: ReplaySettings):
+        self.s = settings
+        saturation = settings.saturation
         self.detector = (SaturationDetector(saturation.threshold_per_s, saturation.window_s)
                          if saturation is not None else None)
         self.stopped_sending = False  # saturated: nothing more is sent
         self._next_i = 0  # the next request of the schedule to arrive
-        self.engine = engine
-        self.label = label or router.name
-        self.stream_workers = stream_workers
+        self.engine = get_engine(settings.engine)
+        self.label = settings.label or router.name
         self.workers = None
-        self.num_load_workers = load_workers
-        self.ray = ray
+        self.num_load_workers = settings.load_workers
         self.lw = None  # LoadWorkers
-        self.lead_s = send_lead_s if load_workers else 0.0
+        self.lead_s = settings.send_lead_s if settings.load_workers else 0.0
         self.no_lead: set[int] = set()  # session turns: they arrive when due, not ahead
         self.worker_rec: dict[int, int] = {}  # request id -> load worker
         #: requests handed to stream workers: id -> (request, instance, dispatch_s, planned_s)
@@ -222,21 +284,9 @@ class _Replay:
         self.router = router
         self.endpoints = endpoints
         self.model = model
-        self.run_id = run_id
-        self.seed = seed
-        self.out_dir = out_dir
-        self.scrape_interval_s = scrape_interval_s
-        self.request_timeout_s = request_timeout_s
-        self.api = api
-        self.min_step_s = min_step_s
-        self.progress = progress
-        self.health_interval_s = health_interval_s
-        self.stall_timeout_s = stall_timeout_s
-        self.warm_connections = warm_connections
-        self.early_wake_s = early_wake_s
-        self.priority_of = priority_of
-        self.prompt_texts = prompt_texts
-        self.drive = Drive(router, specs, min_step_s=min_step_s, on_dispatch=self._dispatched, on_error=self._crash)
+        self.out_dir = Path(settings.out_dir) if settings.out_dir is not None else None
+        self.drive = Drive(router, specs, min_step_s=settings.min_step_s, on_dispatch=self._dispatched,
+                           on_error=self._crash)
         self.state = self.drive.state
         self.log: RecordLog | None = None  # the records (``run``)
         self.token_times: dict[int, list[float]] = {}
@@ -265,12 +315,12 @@ class _Replay:
         self.mem.start()
         try:
             # the streams go through the one sender; health probes and /metrics scrapes through a plain session
-            async with HttpBackend(model=self.model, clock=self.now, api=self.api, engine=self.engine,
-                                   request_timeout_s=self.request_timeout_s) as backend, \
+            async with HttpBackend(model=self.model, clock=self.now, api=self.s.api, engine=self.engine,
+                                   request_timeout_s=self.s.request_timeout_s) as backend, \
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
                 self.backend, self.session = backend, session
                 await self._warm_pool()
-                if self.stream_workers:
+                if self.s.stream_workers:
                     self.workers = self._start_workers()
                 if self.num_load_workers:
                     self.lw = self._start_load_workers()
@@ -282,7 +332,7 @@ class _Replay:
                 tasks = [asyncio.create_task(self._schedule()), asyncio.create_task(self._watch())]
                 if self.detector is not None:
                     tasks.append(asyncio.create_task(self._watch_saturation()))
-                if self.scrape_interval_s:
+                if self.s.scrape_interval_s:
                     tasks.append(asyncio.create_task(self._scrape()))
                 for t in tasks:
                     t.add_done_callback(self._task_done)
@@ -312,27 +362,24 @@ class _Replay:
         if self.detector is not None and self.detector.saturated:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
-            from ..live.load_workers import worker_summary
             res.clock_offsets = [w.clock.offset_s for w in self.lw.info]
             sends = res.frame().select("load_worker", "actual_send_s", "planned_send_s").collect()
             res.load_workers = worker_summary(self.lw.info, sends, self.lw.clock_history)
         return res
 
     def _start_workers(self):
-        from ..live.workers import StreamWorkers, WorkerSettings
-        settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.api,
-                                  engine=self.engine.name, request_timeout_s=self.request_timeout_s,
-                                  min_step_s=self.min_step_s,
-                                  warm_connections=min(self.warm_connections, len(self.requests)))
-        return StreamWorkers(self.stream_workers, settings)
+        settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,
+                                  engine=self.engine.name, request_timeout_s=self.s.request_timeout_s,
+                                  min_step_s=self.s.min_step_s,
+                                  warm_connections=min(self.s.warm_connections, len(self.requests)))
+        return StreamWorkers(self.s.stream_workers, settings)
 
     def _start_load_workers(self):
-        from ..live.load_workers import LoadWorkers, LoadWorkerSettings
-        settings = LoadWorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.api,
-                                      engine=self.engine.name, request_timeout_s=self.request_timeout_s,
-                                      min_step_s=self.min_step_s,
-                                      warm_connections=min(self.warm_connections, len(self.requests)))
-        return LoadWorkers(self.num_load_workers, settings, ray=self.ray)
+        settings = LoadWorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,
+                                      engine=self.engine.name, request_timeout_s=self.s.request_timeout_s,
+                                      min_step_s=self.s.min_step_s,
+                                      warm_connections=min(self.s.warm_connections, len(self.requests)))
+        return LoadWorkers(self.num_load_workers, settings, ray=self.s.ray)
 
     def _worker_lost(self, worker: int, held: list[int]) -> None:
         """A load worker's connection closed mid-run: stop, keep what finished, incomplete."""
@@ -354,7 +401,7 @@ class _Replay:
     async def _warm_pool(self) -> None:
         """Open ``warm_connections`` keep-alive connections per endpoint before
         the clock starts, so the first burst does not pay for TCP connects."""
-        await self.backend.warm(self.endpoints, min(self.warm_connections, len(self.requests)))
+        await self.backend.warm(self.endpoints, min(self.s.warm_connections, len(self.requests)))
 
     def _crash(self, exc: BaseException) -> None:
         """Stop the run and make ``run`` raise ``exc`` (after keeping what finished)."""
@@ -375,7 +422,7 @@ class _Replay:
     async def _schedule(self) -> None:
         reqs = self._stream
         i, n = 0, len(reqs)
-        early_s = self.early_wake_s
+        early_s = self.s.early_wake_s
         lead_s = self.lead_s  # load workers: decide this much ahead, the worker sends on time
         # with load workers this loop needs no sub-millisecond precision (the lead absorbs it): no yielding loop
         # before each arrival, and what is due within SLACK_S is decided now
@@ -423,8 +470,8 @@ class _Replay:
 
     def _dispatched(self, req: Request, inst: int, now: float) -> None:
         held = now - self.arrived_at.pop(req.request_id, now)
-        prio = self.priority_of(req, inst) if self.priority_of is not None else None
-        text = (self.prompt_texts or {}).get(req.request_id)
+        prio = self.s.priority_of(req, inst) if self.s.priority_of is not None else None
+        text = (self.s.prompt_texts or {}).get(req.request_id)
         if self.lw is not None:
             lead = 0.0 if req.request_id in self.no_lead else self.lead_s
             self.no_lead.discard(req.request_id)
@@ -468,7 +515,7 @@ class _Replay:
     def _record(self, req: Request, inst: int, dispatch_s: float | None, planned_s: float | None,
                 res: StreamResult | None, error: str | None = None) -> None:
         rec = RequestRecord.for_request(
-            req, run_id=self.run_id, router=self.label, seed=self.seed, instance=inst, dispatch_s=dispatch_s,
+            req, run_id=self.s.run_id, router=self.label, seed=self.s.seed, instance=inst, dispatch_s=dispatch_s,
             first_token_s=res.first_token_s if res else None, finish_s=res.finish_s if res else None,
             generated_tokens=res.generated_tokens if res else 0, token_times=res.token_times_s if res else None,
             planned_send_s=planned_s, actual_send_s=res.actual_send_s if res else None,
@@ -483,7 +530,7 @@ class _Replay:
             done_s = res.finish_s if res is not None and res.finish_s is not None else now
             due = max(nxt.arrival_s, done_s + nxt.think_s)
             self.loop.call_later(max(0.0, due - now), self._arrive_turn, nxt, due)
-        if res is not None and self.keep_token_times:
+        if res is not None and self.s.keep_token_times:
             self.token_times[req.request_id] = res.token_times_s
         w = self.worker_rec.pop(req.request_id, None)
         if w is not None:  # the JSON line also has the worker's offset now
@@ -491,11 +538,11 @@ class _Replay:
         else:
             self.log.add(rec)
         done, total = self.log.num_records, len(self.requests)
-        if self.progress is not None:
+        if self.s.progress is not None:
             now = self.now()
             if done == total or now - self._last_progress_s >= 0.1:
                 self._last_progress_s = now
-                self.progress(done, total)
+                self.s.progress(done, total)
         if done == total:
             self.finished.set()
 
@@ -511,7 +558,7 @@ class _Replay:
                 return  # everything has arrived: nothing left to stop
             now = self.now()
             if self.detector.add(now, self.num_arrived - self.log.num_records):
-                if self.saturation.stop:
+                if self.s.saturation.stop:
                     self._stop_sending(now)
                 return
 
@@ -526,7 +573,7 @@ class _Replay:
             self._record(req, -1, None, None, None, NOT_SENT)
         for req in unsent:
             self._record(req, -1, None, None, None, NOT_SENT)
-        if self.saturation.on_saturation != "cancel":
+        if self.s.saturation.on_saturation != "cancel":
             return
         for task, (req, inst, dispatch_s, planned_s) in list(self.in_flight.items()):
             if task.done():
@@ -552,7 +599,7 @@ class _Replay:
         nothing in flight) after ``stall_timeout_s``."""
         stalled_since: float | None = None
         while True:
-            await asyncio.sleep(self.health_interval_s)
+            await asyncio.sleep(self.s.health_interval_s)
             self.mem.tick()
             down = [iv.index for iv in self.state.view().instances if not iv.healthy]
             if down:
@@ -564,10 +611,10 @@ class _Replay:
                 stalled_since = None
             elif stalled_since is None:
                 stalled_since = now
-            elif now - stalled_since >= self.stall_timeout_s:
+            elif now - stalled_since >= self.s.stall_timeout_s:
                 why = ("no healthy instance" if not self.drive.healthy_indices()
                        else f"router {self.router.name!r} kept deferring")
-                self._fail_queue(now, f"not dispatched: {why} for {self.stall_timeout_s:g}s")
+                self._fail_queue(now, f"not dispatched: {why} for {self.s.stall_timeout_s:g}s")
                 stalled_since = None
 
     def _fail_queue(self, now: float, error: str) -> None:
@@ -578,7 +625,7 @@ class _Replay:
     async def _scrape(self) -> None:
         n = len(self.endpoints)
         while True:
-            await asyncio.sleep(self.scrape_interval_s)
+            await asyncio.sleep(self.s.scrape_interval_s)
             texts = await asyncio.gather(*(self._fetch_metrics(i) for i in range(n)))
             for i, text in enumerate(texts):
                 m = parse_metrics(text, self.engine) if text else None
@@ -591,63 +638,27 @@ class _Replay:
 
     async def _fetch_metrics(self, inst: int) -> str | None:
         try:
-            timeout = aiohttp.ClientTimeout(total=max(1.0, self.scrape_interval_s))
+            timeout = aiohttp.ClientTimeout(total=max(1.0, self.s.scrape_interval_s))
             async with self.session.get(self.endpoints[inst] + "/metrics", timeout=timeout) as resp:
                 return await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
 
-def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[str], *,
-               model: str | None = None, specs: Sequence[InstanceSpec] | None = None,
-               run_id: str, seed: int, out_dir: str | Path | None = None,
-               scrape_interval_s: float | None = 1.0, request_timeout_s: float = 600.0,
-               api: str = "completions", min_step_s: float = 0.02,
-               progress: Callable[[int, int], None] | None = None,
-               health_interval_s: float = 0.5, stall_timeout_s: float = 30.0,
-               warm_connections: int = 16, early_wake_s: float = EARLY_WAKE_S,
-               priority_of: Callable[[Request, int], int] | None = None,
-               prompt_texts: dict[int, str] | None = None,
-               engine: Engine | str | None = None, label: str | None = None,
-               stream_workers: int = 0, load_workers: int = 0, ray: bool = False,
-               send_lead_s: float = 0.02, keep_token_times: bool = True,
-               saturation: SaturationPolicy | None = None) -> ReplayResult:
-    """Replay ``requests`` against ``endpoints`` through ``router`` (blocking).
+def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[str],
+               settings: ReplaySettings) -> ReplayResult:
+    """Replay ``requests`` against ``endpoints`` through ``router`` (blocking), as ``settings`` say.
 
-    Every endpoint is checked first (``EndpointError`` if one does not answer).
-    ``warm_connections`` keep-alive connections per endpoint are opened before
-    the clock starts; ``early_wake_s`` trades a little CPU (the scheduler yields
-    in a loop for that long before each arrival) for sub-millisecond send
-    precision (0 turns it off). ``priority_of(request, instance)`` gives each request the ``priority``
-    field it is sent with to that instance (servers under vLLM's priority scheduling policy). ``prompt_texts``
-    (request id -> text, ``lbbench.harness.text_prompts``) replaces token-id prompts for
-    endpoints that take only text. ``engine`` (:mod:`lbbench.engines`, default vLLM) names the request fields and
-    the metrics of the endpoints' engine. ``label`` is the records' ``router`` column (default: the router's name).
-    ``stream_workers`` > 0 sends and reads the streams in that many worker processes (``lbbench.live.workers``),
-    leaving this process only the schedule, the decisions and the records.
-    ``load_workers`` > 0 goes further (``lbbench.live.load_workers``): the router decides ``send_lead_s`` ahead of
-    each arrival and the workers (local processes, or Ray actors with ``ray``: the caller has connected to a
-    cluster) send at the planned times on this process's clock; ``result.load_workers`` has each worker's clock
-    offset and dispatch lag. ``keep_token_times=False`` leaves ``result.token_times`` empty: a long run then holds
-    only its records (a few hundred bytes each; every token's time costs about 32 bytes more).
-    ``saturation`` (``lbbench.live.saturation.SaturationPolicy``) samples the backlog (arrived, not yet ended)
-    and marks the run saturated when it keeps growing faster than its threshold over its window
-    (``result.saturated_at_s``); unless the policy only marks, sending then stops: every request not yet sent
-    is recorded with error ``not sent: saturated`` and, with ``cancel``, every request in flight is aborted and
-    recorded as failed with ``cancelled: saturated`` (``drain`` lets them finish). The result stays complete:
-    every request has its record.
-    ``model`` defaults to the first model the first endpoint serves. ``specs``
-    (one ``InstanceSpec`` per endpoint) tell the router what it may know about
-    each instance's capacity. Ctrl-C / SIGTERM end the run early with
-    ``complete=False`` (handled only when called from the main thread).
+    Every endpoint is checked first (``EndpointError`` if one does not answer). Ctrl-C / SIGTERM end the run
+    early with ``complete=False`` (handled only when called from the main thread).
     """
     urls = check_endpoints(endpoints)
-    if specs is None:
-        specs = [InstanceSpec() for _ in urls]
+    specs = settings.specs if settings.specs is not None else [InstanceSpec() for _ in urls]
     if len(specs) != len(urls):
         raise ValueError(f"{len(specs)} instance specs for {len(urls)} endpoints")
-    if stream_workers and load_workers:
+    if settings.stream_workers and settings.load_workers:
         raise ValueError("load_workers: choose stream workers or load workers, not both")
+    model = settings.model
     if model is None:
         try:
             models = served_models(urls[0])
@@ -656,15 +667,7 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
         if not models:
             raise EndpointError(f"endpoint {endpoints[0]}: serves no model")
         model = models[0]
-    replay = _Replay(requests, router, urls, model=model, specs=specs, run_id=run_id, seed=seed,
-                     out_dir=Path(out_dir) if out_dir is not None else None,
-                     scrape_interval_s=scrape_interval_s, request_timeout_s=request_timeout_s,
-                     api=api, min_step_s=min_step_s, progress=progress,
-                     health_interval_s=health_interval_s, stall_timeout_s=stall_timeout_s,
-                     warm_connections=warm_connections, early_wake_s=early_wake_s,
-                     priority_of=priority_of, prompt_texts=prompt_texts, engine=get_engine(engine),
-                     label=label, stream_workers=stream_workers, load_workers=load_workers, ray=ray,
-                     send_lead_s=send_lead_s, keep_token_times=keep_token_times, saturation=saturation)
+    replay = _Replay(requests, router, urls, model, specs, settings)
     loop = new_event_loop()
     in_main = threading.current_thread() is threading.main_thread()
     saved = {}

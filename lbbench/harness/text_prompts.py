@@ -19,7 +19,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import polars as pl
+
 from ..core import Request
+from ..errors import InputError
 
 #: short, common words: one token each (with the leading space) in the usual BPE vocabularies
 WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one",
@@ -27,7 +30,7 @@ WORDS = ("the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "
          "way", "who", "boy", "did", "its", "let", "put", "say", "she", "too", "use", "time", "back", "good")
 
 
-class TextPromptError(ValueError):
+class TextPromptError(InputError):
     """The tokenizer could not be reached or loaded (the message says which)."""
 
 
@@ -56,10 +59,10 @@ def local_counter(path: str | Path) -> Callable[[str], int]:
     p = Path(path)
     try:
         if p.is_file():
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # lazy: the learn extra (a local tokenizer only)
             tok = Tokenizer.from_file(str(p))
             return lambda text: len(tok.encode(text).ids)
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: the learn extra (a local tokenizer only)
         hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (ImportError, OSError, ValueError) as exc:
         raise TextPromptError(f"{path}: cannot load a tokenizer ({exc})") from None
@@ -143,8 +146,6 @@ def accepts_token_ids(url: str, model: str, timeout_s: float = 30.0) -> bool:
 def prompt_length_mismatches(records: Any) -> int:
     """Completed requests whose server-counted prompt length differs from the intended one (``records``: a polars
     frame of them, lazy or not: a live replay's ``frame()``)."""
-    import polars as pl
-
     served = pl.col("server_prompt_tokens")
     bad = pl.col("error").is_null() & served.is_not_null() & (served != pl.col("prompt_tokens"))
     return int(records.lazy().filter(bad).select(pl.len()).collect().item())

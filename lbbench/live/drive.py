@@ -68,7 +68,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop where it is installed (less per-event overhead for the many streamed chunks of a
     replay), else asyncio's."""
     try:
-        import uvloop
+        import uvloop  # lazy: uvloop is not installed on Windows
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()

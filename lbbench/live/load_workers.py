@@ -36,11 +36,15 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import numpy as np
+
 from ..core import Request
 from ..distributed.actors import ActorPool, Call, ProcessActors, RayActors
 from ..distributed.executors import UnitError
 from ..distributed.ray_cluster import current_node_id, node_address, node_names
+from ..engines import get_engine
 from .clock import ClockOffset, ClockSync, measure_offset
+from .drive import new_event_loop, quiet_gc
 from .http import HttpBackend
 from .memtrace import MemTrace
 from .workers import BatchedEmit, WorkerSettings, send_and_report
@@ -183,8 +187,6 @@ class _Worker(BatchedEmit):
         return time.monotonic() - self.offset_s - self.t0
 
     async def run(self) -> None:
-        from ..engines import get_engine
-
         self.loop = asyncio.get_running_loop()
         self.stopped = asyncio.Event()
         self.mem = MemTrace(f"load-worker-{self.index}")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
@@ -300,7 +302,6 @@ def worker_main(worker: int, address: tuple[str, int], settings: LoadWorkerSetti
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when a run stops
     except ValueError:  # not the main thread (a Ray actor's executor thread)
         pass
-    from .drive import new_event_loop, quiet_gc
 
     sock = socket.create_connection(address, timeout=60)
     sock.settimeout(None)
@@ -521,8 +522,6 @@ def worker_summary(info: list[WorkerInfo], sends: Any,
     ``actual_send_s - planned_send_s`` p50 / p99 / max (ms, the driver's clock). ``sends``: a polars frame of the
     records' ``load_worker``, ``actual_send_s`` and ``planned_send_s`` (a request no worker took has no
     ``load_worker``)."""
-    import numpy as np
-
     rows = []
     for w in info:
         mine = sends.filter(sends["load_worker"] == w.worker)

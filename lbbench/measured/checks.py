@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..profiling.gpus import UnknownGPUError, get_gpu
 from .model_facts import ModelFacts
 from .schema import MeasuredRow, format_cell
 
@@ -82,8 +83,6 @@ def _is_moe_config(raw: dict | None) -> bool:
 
 def bounds(row: MeasuredRow, facts: ModelFacts) -> tuple[Bounds | None, str]:
     """The decode-step and prefill bounds of ``row``, or (None, why they cannot be computed)."""
-    from ..profiling.gpus import UnknownGPUError, get_gpu
-
     cfg, reason = facts.config(row.model)
     if cfg is None:
         return None, reason

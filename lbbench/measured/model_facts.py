@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..profiling.models import ModelConfigError, load_model_config, shipped_models
+
 TORCH_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -68,8 +70,6 @@ class ModelFacts:
                 data = _read_json(p)
                 if data and data.get("_name_or_path") == model_id:
                     return p
-        from ..profiling.models import shipped_models
-
         for p in shipped_models().values():
             data = _read_json(p)
             if data and data.get("_name_or_path") == model_id:
@@ -88,8 +88,6 @@ class ModelFacts:
             if p is None:
                 found: tuple[Any, str] = (None, f"no config.json for {model_id} (give --model-configs DIR)")
             else:
-                from ..profiling.models import ModelConfigError, load_model_config
-
                 try:
                     found = (load_model_config(p), "")
                 except ModelConfigError as exc:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+import polars as pl
+
 from .schema import (BY_NAME, COLUMN_NAMES, COLUMNS, REQUIRED, CellError, MeasuredError, MeasuredRow,
                      MeasuredRowError, build_row, close_column, format_cell, parse_cell)
 
@@ -109,8 +111,6 @@ def _csv_records(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str]]]
 
 
 def _parquet_records(path: Path) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
-    import polars as pl
-
     try:
         df = pl.read_parquet(path)
     except Exception as exc:  # polars raises several error types for an unreadable file
@@ -153,8 +153,6 @@ def write_measured(rows: Sequence[MeasuredRow], path: str | Path) -> Path:
     extras = _extra_columns(rows)
     p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix.lower() == ".parquet":
-        import polars as pl
-
         types = {str: pl.Utf8, int: pl.Int64, float: pl.Float64, bool: pl.Boolean}
         data: dict[str, list[Any]] = {c.name: [getattr(r, c.name) for r in rows] for c in COLUMNS}
         data.update({name: [dict(r.extra).get(name) for r in rows] for name in extras})

@@ -10,7 +10,7 @@
 3. report the count with its attainment, the attainment at one instance fewer, goodput and latencies, and,
    with prices, what the count costs.
 
-**SLO attainment** is ``reports.summary``'s ``slo_attainment``, the number ``lbbench run --slo`` and
+**SLO attainment** is ``metrics.summary``'s ``slo_attainment``, the number ``lbbench run --slo`` and
 ``lbbench report --slo`` print: per seed, the share of *all* requests (failed ones are misses) that completed
 with TTFT <= the TTFT limit and their own mean time between tokens <= the TBT limit (and E2E <= the E2E limit
 when given); averaged over seeds. ``goodput_per_s`` is the same summary's: requests within the SLO per second
@@ -22,6 +22,7 @@ processes, or a Ray cluster); within a search the counts run one after another (
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -30,10 +31,13 @@ from typing import Any, Callable, Iterator
 
 import polars as pl
 
+from ..distributed import get_executor
 from ..errors import InputError
 from ..experiment import RunConfig, simulate
-from ..profiles import Profile
-from ..reports.summary import Slo, completed_expr, derive, per_seed
+from ..profiles import Profile, profile_from_dict
+from ..metrics.summary import Slo, completed_expr, derive, per_seed
+from ..profiling.gpus import UnknownGPUError, get_gpu
+from ..profiling.models import load_model_config
 from .prices import cost_columns, load_prices, price_of
 from .search import SearchResult, TargetNotMetError, min_instances
 
@@ -200,7 +204,7 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
 
 def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
     """The profile ``lbbench profile derive`` would write, held in memory. ``DeriveError`` when it cannot run."""
-    from ..profiles import profile_from_dict
+    # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
     from ..profiling.derive import DeriveError, derive_profile
 
     if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
@@ -212,9 +216,7 @@ def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
 
 def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[SearchTask], list[str]]:
     """Every row's search task, checked before any simulation runs, and the notes of skipped GPU x TP."""
-    from ..profiling.derive import DeriveError
-    from ..profiling.gpus import UnknownGPUError, get_gpu
-    from ..profiling.models import load_model_config
+    from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
 
     cfg.check()
     try:
@@ -254,8 +256,6 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
 
 def iter_searches(tasks: list[SearchTask], jobs: int, ray: str | None) -> Iterator[SearchOutcome]:
     """Run the searches (serially, in ``jobs`` processes, or on Ray), yielding each as it completes."""
-    from ..distributed import get_executor
-
     with get_executor(jobs, ray, batch_size=1) as ex:  # a search is many simulations: one per task
         for _index, outcome in ex.submit(tasks, run_search):
             yield outcome
@@ -320,8 +320,6 @@ def config_record(cfg: PlanConfig) -> dict[str, Any]:
 
 def write_outcome(out_dir: Path, outcome: SearchOutcome) -> None:
     """Append a completed search's evaluated points to ``points.jsonl`` (as it completes)."""
-    import json
-
     out_dir.mkdir(parents=True, exist_ok=True)
     res = outcome.result
     with open(out_dir / "points.jsonl", "a") as f:

@@ -2,7 +2,7 @@
 
 For every router x instance scheduler of a ``RunConfig``, ``search.max_rate`` probes rates (exponentially from
 a start rate, then geometric bisection to a relative tolerance, rates rounded to three significant digits).
-Each probe is the attainment ``lbbench run --slo`` reports (``reports.summary``'s ``slo_attainment``, averaged
+Each probe is the attainment ``lbbench run --slo`` reports (``metrics.summary``'s ``slo_attainment``, averaged
 over variants and seeds) on the same seeds at every rate (paired seeds in the simulator; repeats live), and
 runs its seeds one at a time through ``search.sequential_attainment``: once the seeds left cannot change
 whether the probe meets the target, they are not run (a probe far past the threshold usually stops after its
@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rich.table import Table
 
 from ..experiment import ConfigError, Reporter, RunConfig, run_experiment
 from ..profiles import Profile
@@ -130,8 +132,6 @@ def _rate(v: float | None) -> str:
 
 def print_rates(rows: list[FindRateRow], fc: FindRateConfig, title: str, console: Any) -> None:
     """The table: router, scheduler, rate found, bracket, attainment at the rate and at the bracket's top."""
-    from rich.table import Table
-
     table = Table(title=title)
     for name in ("router", "scheduler", "rate (req/s)", "bracket (req/s)", "at rate", "above", "probes",
                  "seeds run", "wall (s)"):

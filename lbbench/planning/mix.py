@@ -34,8 +34,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import tomli_w
+from rich.table import Table
+
 from ..experiment import RunConfig
+from ..metrics.summary import Slo
 from ..profiles import load_profile
+from ..profiling.gpus import get_gpu
+from ..profiling.models import load_model_config
 from .capacity import PlanConfig, PlanError, simulated_metrics, tasks_for
 from .prices import load_prices, price_of
 from .search import TargetNotMetError, min_instances, sequential_attainment
@@ -112,11 +118,7 @@ class MixPlan:
 
 def write_profiles(cfg: PlanConfig, keys: list[tuple[str, int]], where: Path) -> dict[tuple[str, int], str]:
     """Each (GPU, TP)'s derived profile as a TOML file under ``where`` (a fleet spec names profiles by path)."""
-    import tomli_w
-
-    from ..profiling.derive import derive_profile
-    from ..profiling.gpus import get_gpu
-    from ..profiling.models import load_model_config
+    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
 
     model = load_model_config(cfg.model)
     where.mkdir(parents=True, exist_ok=True)
@@ -143,7 +145,6 @@ def fleet_attainment(run: RunConfig, types: list[GpuType], v: Vector, target: fl
 
 
 def _slo(run: RunConfig) -> Any:
-    from ..reports.summary import Slo
     return Slo(**run.slo)
 
 
@@ -277,8 +278,6 @@ def _money(v: float | None, priced: bool) -> str:
 def print_mix(plan: MixPlan, title: str, console: Any) -> None:
     """Per router: the cheapest uniform fleet, the cheapest fleet, the saving and the search's cost; then what
     the router choice is worth."""
-    from rich.table import Table
-
     table = Table(title=title)
     for name in ("router", "scheduler", "cheapest uniform", "cost", "cheapest fleet", "cost ", "GPUs", "saving",
                  "attainment", "one fewer of each", "evaluations", "wall (s)"):

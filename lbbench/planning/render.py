@@ -13,6 +13,9 @@ import io
 import json
 from typing import Any
 
+from rich.table import Table
+
+from ..reports.html import _CSS
 from ..reports.render import cell
 from .capacity import PRICE_COLUMNS, ROW_COLUMNS, Plan
 
@@ -78,8 +81,6 @@ def title(plan: Plan) -> str:
 
 
 def print_table(plan: Plan, console: Any) -> None:
-    from rich.table import Table
-
     cols = _columns(plan)
     table = Table(title=title(plan) + ("" if plan.complete else "  [INCOMPLETE]"))
     for c in cols:
@@ -96,8 +97,8 @@ def print_table(plan: Plan, console: Any) -> None:
 
 def attainment_png(plan: Plan) -> bytes:
     """The plan's picture (see the module docstring) as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is the optional plot extra
+    from matplotlib.figure import Figure  # lazy: matplotlib is the optional plot extra
 
     fig = Figure(figsize=(7.5, 4.5))
     FigureCanvasAgg(fig)
@@ -125,7 +126,7 @@ def attainment_png(plan: Plan) -> bytes:
     ax.axhline(plan.config["attainment"], ls="--", color="0.4", lw=1,
                label=f"target {100 * plan.config['attainment']:g} %")
     if top > 16:
-        from matplotlib.ticker import FormatStrFormatter
+        from matplotlib.ticker import FormatStrFormatter  # lazy: matplotlib is the optional plot extra
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     else:
@@ -143,8 +144,6 @@ def attainment_png(plan: Plan) -> bytes:
 
 def to_html(plan: Plan, png: bytes | None = None) -> str:
     """The plan as one self-contained HTML document (table, picture, what the numbers are)."""
-    from ..reports.html import _CSS
-
     e = _html.escape
     cols = _columns(plan)
     head = "".join(f"<th>{e(_HEADERS[c])}</th>" for c in cols)

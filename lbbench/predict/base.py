@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from ..core import Request
+from ..errors import InputError
 
 #: Decode rate (tokens/s) used for the paper scheme when no profile is given.
 DEFAULT_DECODE_TOKENS_PER_S = 50.0
@@ -39,7 +40,7 @@ PAPER_FIRST_EDGE_S = 0.5
 PAPER_RATIO = 4.0
 
 
-class PredictorSpecError(ValueError):
+class PredictorSpecError(InputError):
     """A ``--predictor`` spec or a saved predictor directory is unusable."""
 
 

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import InputError
 
-class DataError(ValueError):
+
+class DataError(InputError):
     """A corpus file is missing or malformed (message names the file and row)."""
 
 

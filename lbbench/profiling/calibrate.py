@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..core import Request, RequestRecord
+from ..errors import InputError
 from ..profiles import Profile
 from .fidelity import live_replay, stats
 
@@ -64,7 +65,7 @@ DECODE_STEP_KEYS, DECODE_MIXING_KEYS = ("base_s", "decode_seq_s", "context_token
 PREFILL_STEP_KEYS, PREFILL_MIXING_KEYS = ("prefill_token_s",), ("grad1",)
 
 
-class CalibrationError(ValueError):
+class CalibrationError(InputError):
     """A calibration cannot be fitted (the message says why)."""
 
 

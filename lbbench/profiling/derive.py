@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from .efficiency import EfficiencyRow, load_table, select_row, soft_max
 from .gpus import GPU
 from .models import DTYPE_BYTES, ModelConfig
@@ -37,7 +38,7 @@ GIB = 1024 ** 3
 REFERENCE_PROMPT_TOKENS = 1024
 
 
-class DeriveError(ValueError):
+class DeriveError(InputError):
     """Settings that cannot give a working instance (e.g. the model does not fit)."""
 
 

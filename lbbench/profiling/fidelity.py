@@ -14,7 +14,9 @@ prompt tokens served from the cache is compared too (live: the deltas of vLLM's 
 
 from __future__ import annotations
 
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -22,7 +24,10 @@ import polars as pl
 
 from ..core import Request, RequestRecord
 from ..engines import VLLM, Engine
+from ..metrics.summary import derive
 from ..profiles import Profile
+from ..routers import get_router
+from ..sim.cluster import ClusterSim
 
 
 @dataclass
@@ -60,7 +65,6 @@ STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p
 
 
 def _frame(records: Sequence[RequestRecord]) -> pl.DataFrame:
-    from ..reports.summary import derive
     df = pl.DataFrame([r.as_dict() for r in records], infer_schema_length=None)
     return derive(df).filter(pl.col("error").is_null() & pl.col("finish_s").is_not_null()).collect()
 
@@ -93,7 +97,6 @@ def sim_hit_rate(records: Sequence[RequestRecord]) -> float | None:
 
 def prefix_counters(endpoints: Sequence[str], engine: Engine = VLLM) -> tuple[float, float] | None:
     """(queried, hit) prompt tokens summed over ``endpoints`` from the engine's counters; None if any lacks them."""
-    import urllib.request
     if engine.prefix_queries is None or engine.prefix_hits is None:
         return None
     names = (engine.prefix_queries, engine.prefix_hits)
@@ -118,7 +121,6 @@ def prefix_counters(endpoints: Sequence[str], engine: Engine = VLLM) -> tuple[fl
 def reset_prefix_caches(endpoints: Sequence[str]) -> bool:
     """Empty each engine's prefix cache (vLLM's ``POST /reset_prefix_cache``, served in its dev mode), so that a
     replay does not inherit the previous one's cached prompts; False where an engine does not offer it."""
-    import urllib.request
     ok = True
     for url in endpoints:
         try:
@@ -181,11 +183,13 @@ def live_replay(requests: Sequence[Request], router, endpoints: Sequence[str], p
     the profile's ``InstanceSpec`` (the simulator gives the routers the same one), the profile's decision epoch,
     no metrics scraping (it would load the host the engines share); ``RuntimeError`` naming ``what`` when the
     replay did not complete."""
-    from ..harness.replay import run_replay
+    # lazy: start-up time (aiohttp and the replay client, ~160 ms)
+    from ..harness.replay import ReplaySettings, run_replay
 
     specs = [profile.instance_spec()] * len(endpoints)
-    res = run_replay(requests, router, endpoints, specs=specs, run_id=run_id, seed=seed,
-                     min_step_s=profile.min_step_s, scrape_interval_s=None)
+    res = run_replay(requests, router, endpoints,
+                     ReplaySettings(specs=specs, run_id=run_id, seed=seed, min_step_s=profile.min_step_s,
+                                    scrape_interval_s=None))
     if not res.complete:
         raise RuntimeError(f"{what} did not complete")
     return res.records
@@ -197,9 +201,6 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
                  progress: Callable[[str], None] = lambda what: None) -> tuple[float, list[RouterFidelity]]:
     """Replay ``requests`` live ``repeats`` times per router (interleaved) and once in the simulator; with
     ``out_dir``, every run's records go to ``out_dir/records.parquet`` (column ``source``: sim or live-K)."""
-    from ..routers import get_router
-    from ..sim.cluster import ClusterSim
-
     opts = router_options or {}
     n = len(endpoints)
 
@@ -225,7 +226,6 @@ def run_fidelity(profile: Profile, requests: Sequence[Request], routers: Sequenc
                 live_hits[name].append((after[1] - before[1]) / (after[0] - before[0]))
             progress(f"live {name} repeat {k + 1}/{repeats}: mean E2E {stats(records)['mean_e2e_s']:.3f} s")
     if out_dir is not None:
-        from pathlib import Path
         frames = [_records_frame(recs, name, "sim") for name, recs in sim_runs.items()]
         frames += [_records_frame(recs, name, f"live-{k}") for name, runs in live_runs.items()
                    for k, recs in enumerate(runs)]

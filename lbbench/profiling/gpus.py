@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import InputError
 
-class UnknownGPUError(ValueError):
+
+class UnknownGPUError(InputError):
     """A GPU name that is not in the table (the message lists the known ones)."""
 
 

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..core import Request
-from ..engines import VLLM
+from ..engines.vllm.info import EngineInfo, engine_info
+from ..errors import SetupError
 
 
-class MeasureError(RuntimeError):
+class MeasureError(SetupError):
     """The endpoint is not a usable vLLM, or the sweep could not run (the message says which)."""
 
 
@@ -43,17 +41,6 @@ class Sweep:
     decode_tokens: int = 48
     repeats: int = 3
     decode_repeats: int = 2
-
-
-@dataclass
-class EngineInfo:
-    url: str
-    model: str
-    version: str
-    block_size: int
-    num_blocks: int
-    max_model_len: int
-    prefix_caching: bool | None
 
 
 @dataclass
@@ -71,39 +58,6 @@ class Measurement:
     observations: list[Observation] = field(default_factory=list)
     complete: bool = True
     error: str | None = None
-
-
-# ---------------------------------------------------------------------------- engine facts
-def _get(url: str, timeout_s: float = 5.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return resp.read().decode()
-
-
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def engine_info(url: str) -> EngineInfo:
-    """What the engine says of itself; ``MeasureError`` when ``url`` is not a vLLM server."""
-    url = url.rstrip("/")
-    try:
-        version = json.loads(_get(url + "/version")).get("version", "")
-        models = json.loads(_get(url + "/v1/models"))["data"]
-        metrics = _get(url + "/metrics")
-    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
-        raise MeasureError(f"{url}: not a vLLM server (/version, /v1/models or /metrics failed: {exc})") from None
-    line = next((x for x in metrics.splitlines() if x.startswith(VLLM.cache_config_info + "{")), None)
-    if not version or line is None or not models:
-        raise MeasureError(f"{url}: not a vLLM server (no version, models or vllm:cache_config_info metric)")
-    labels = dict(_LABEL.findall(line))
-    try:
-        block_size = int(labels["block_size"])
-        num_blocks = int(labels["num_gpu_blocks"])
-    except (KeyError, ValueError):
-        raise MeasureError(f"{url}: vllm:cache_config_info lacks block_size/num_gpu_blocks") from None
-    pc = labels.get("enable_prefix_caching")
-    return EngineInfo(url=url, model=models[0]["id"], version=version, block_size=block_size,
-                      num_blocks=num_blocks, max_model_len=int(models[0].get("max_model_len") or 0),
-                      prefix_caching=None if pc is None else pc == "True")
 
 
 # ---------------------------------------------------------------------------- the sweep
@@ -156,7 +110,7 @@ def _decode_step_s(results) -> float | None:
 async def _sweep(m: Measurement, infos: list[EngineInfo], sweep: Sweep, max_num_seqs: int, progress) -> None:
     """Every point runs on all engines at once (in lockstep, point by point), so that each engine is measured
     under the load the others put on a shared host, the same at every point."""
-    from ..live.http import HttpBackend
+    from ..live.http import HttpBackend  # lazy: start-up time (the live HTTP client, ~5 ms)
 
     limits = [i.max_model_len - sweep.decode_tokens - 2 if i.max_model_len else 1 << 30 for i in infos]
     limit = min(limits)

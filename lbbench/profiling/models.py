@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import InputError
+
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 #: fields a config must have; the error names the first one missing
@@ -25,7 +27,7 @@ REQUIRED_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
 
-class ModelConfigError(ValueError):
+class ModelConfigError(InputError):
     """A model config that cannot be used (the message names the file and the field)."""
 
 

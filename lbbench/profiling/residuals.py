@@ -17,6 +17,8 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
+from ..metrics.summary import derive
+
 PROMPT_EDGES = (0, 128, 256, 512, 1024, 2048)
 BATCH_EDGES = (1, 2, 3, 5, 9, 17)
 
@@ -41,8 +43,6 @@ def running_at_dispatch(instance: np.ndarray, dispatch_s: np.ndarray, finish_s: 
 def paired(records: pl.DataFrame) -> pl.DataFrame:
     """One row per (workload, router, live repeat, request): live and simulated E2E and TTFT, prompt tokens, and
     the live batch size at dispatch."""
-    from ..reports.summary import derive
-
     df = derive(records).filter(pl.col("error").is_null() & pl.col("finish_s").is_not_null()).collect()
     if "workload" not in df.columns:
         df = df.with_columns(pl.lit("").alias("workload"))

@@ -104,7 +104,7 @@ def derive_roofline_profile(model: ModelConfig, gpu: GPU, *, tp: int = 1, weight
 
     KV blocks: ``engine.num_gpu_blocks`` when the engine reported them, else vLLM's profiler estimate (memory x
     utilization, less the weights and the activation peak of a ``max_num_batched_tokens`` forward pass)."""
-    from .derive import GIB, DeriveError, activation_peak_bytes  # derive imports this module's neighbours
+    from .derive import GIB, DeriveError, activation_peak_bytes  # lazy: a cycle (derive imports this module)
 
     if weights_dtype not in DTYPE_BYTES:
         raise DeriveError(f"weights dtype {weights_dtype!r}: choose from {', '.join(DTYPE_BYTES)}")

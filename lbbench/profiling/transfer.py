@@ -24,6 +24,8 @@ import polars as pl
 
 from ..core import Request, RequestRecord
 from ..profiles import Profile
+from ..routers import get_router
+from ..sim.cluster import ClusterSim
 from .calibrate import Calibration, calibrated, fit
 from .fidelity import RouterFidelity, compare, live_replay, reset_prefix_caches, stats, _records_frame
 
@@ -78,8 +80,6 @@ def run_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Request]],
     module docstring. ``seed`` seeds the routers of the checks, ``calibration_seed`` the calibration's router.
     With ``out_dir``, every record goes to ``out_dir/records.parquet`` (columns ``workload``, ``router``,
     ``source``: sim, sim-uncalibrated or live-K)."""
-    from ..routers import get_router
-
     opts = router_options or {}
     n = len(endpoints)
     labels = [label for label, _ in check_on]
@@ -139,9 +139,6 @@ def evaluate_transfer(profile: Profile, calibrate_on: tuple[str, Sequence[Reques
     """The analysis half of :func:`run_transfer`, on live replays already taken: ``live[(workload, router)]`` is
     the list of replays (records) of that workload's requests through that router. Fits the calibration on the
     calibration workload's replays, simulates every workload with the calibrated profile and compares."""
-    from ..routers import get_router
-    from ..sim.cluster import ClusterSim
-
     opts = router_options or {}
     n = num_instances
     labels = [label for label, _ in check_on]

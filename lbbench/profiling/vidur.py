@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ..errors import InputError
+
 #: the operations summed, with how many times a block runs each
 BLOCK_OPS: dict[str, int] = {
     "input_layernorm": 1, "attn_pre_proj": 1, "attn_rope": 1, "attn_post_proj": 1,
@@ -28,7 +30,7 @@ BLOCK_OPS: dict[str, int] = {
 SHAPE_COLUMNS = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers")
 
 
-class MeasurementError(ValueError):
+class MeasurementError(InputError):
     """A timing file that cannot be read as Vidur's mlp.csv (the message names the file and the column)."""
 
 

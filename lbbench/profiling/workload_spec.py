@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..workloads.trace_transform import parse_window
 
 KINDS = ("trace", "workload")
 COMMON_KEYS = {"requests": int, "rate": float, "seed": int}
@@ -74,7 +75,6 @@ def _cast(key: str, raw: str, typ: type, field_name: str, text: str) -> Any:
     if key in ("rate", "time_scale", "burstiness") and not value > 0:
         raise InputError(f"{text!r}: {key} must be > 0", field_name)
     if key == "window":
-        from ..workloads.trace_transform import parse_window
         try:
             return parse_window(value)
         except ValueError as exc:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -35,6 +36,7 @@ from aiohttp import web
 from ..core import Failed, Finished, InstanceSpec, Request
 from ..live.drive import Drive, probe_health
 from ..live.memtrace import MemTrace
+from ..predict import annotate
 from .metrics import ProxyMetrics
 
 DEFAULT_MAX_TOKENS = 256
@@ -167,7 +169,6 @@ class Gateway:
         req = Request(request_id=self._next_id, arrival_s=self.now(), prompt_tokens=prompt_tokens,
                       output_tokens=int(out), prompt=text)
         if self.cfg.predictor is not None:
-            from ..predict import annotate
             req = annotate([req], self.cfg.predictor)[0]
         return req
 
@@ -352,7 +353,6 @@ class GatewayThread:
     ``with GatewayThread(cfg) as gw: gw.url``."""
 
     def __init__(self, cfg: ProxyConfig, host: str = "127.0.0.1", port: int = 0):
-        import threading
         self.gateway = Gateway(cfg)
         self.host, self.port = host, port
         self._loop = asyncio.new_event_loop()

@@ -21,9 +21,10 @@ from typing import Sequence
 
 import polars as pl
 
-from .load import SETTING_COLUMNS, Runs, load_runs, settings_of, varying_settings
-from .stats import MEAN, Change, Side, Stat, bootstrap_change, side_from_rows
-from .summary import completed_expr, derive
+from ..errors import InputError
+from ..metrics.stats import MEAN, Change, Side, Stat, bootstrap_change, side_from_rows
+from ..metrics.summary import completed_expr, derive
+from ..rundir import SETTING_COLUMNS, Runs, load_runs, settings_of, varying_settings
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ METRICS: dict[str, Metric] = {
 DEFAULT_METRICS = ("mean_e2e_s", "p99_e2e_s", "mean_ttft_s")
 
 
-class CompareError(ValueError):
+class CompareError(InputError):
     """The runs cannot be compared as asked (the message names the setting or the run)."""
 
 

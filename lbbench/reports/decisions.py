@@ -9,12 +9,9 @@ regret exceeds ``REGRET_THRESHOLD_S``, and the decisions with the largest regret
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Sequence
 
 import polars as pl
 
-from ..experiment.rundir import DECISIONS_FILE
 from .tables import Table
 
 #: a decision "costs" when its regret exceeds this many seconds
@@ -25,13 +22,6 @@ QUEUE_BINS = ([1, 4, 16], ["1", "2-4", "5-16", ">16"])
 OUTSTANDING_BINS = ([8, 32, 96], ["0-8", "9-32", "33-96", ">96"])
 PROMPT_BINS = ([255, 1023, 4095], ["<256", "256-1023", "1024-4095", ">=4096"])
 OUTPUT_BINS = ([127, 511], ["<128", "128-511", ">=512"])
-
-
-def load_decisions(runs: Sequence[tuple[str, Path]]) -> pl.DataFrame | None:
-    """Every ``decisions.parquet`` of ``(label, run directory)``, with a ``run`` column; None when none."""
-    frames = [pl.read_parquet(p / DECISIONS_FILE).with_columns(run=pl.lit(label))
-              for label, p in runs if (p / DECISIONS_FILE).is_file()]
-    return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
 def _bin(col: pl.Expr, bins: tuple[list[int], list[str]]) -> pl.Expr:

@@ -27,11 +27,10 @@ from typing import Any, Sequence
 import polars as pl
 from rich.console import Console
 
-from ..experiment.rundir import REQUESTS_FILE, read_run_toml
+from ..metrics.summary import Slo, summarize
+from ..rundir import REQUESTS_FILE, RunDirError, group_keys, load_runs, read_run_toml
 from . import render as R
 from .compare import DEFAULT_METRICS, METRICS, CompareError, compare_runs
-from .load import RunDirError, group_keys, load_runs
-from .summary import Slo, summarize
 from .tables import Table
 
 #: shown per night when the runs have an SLO; ``compare`` has no interval for them, so they are not gated
@@ -134,7 +133,7 @@ class History:
                               indent=2)
         if fmt == "html":
             from .history_plots import history_plots  # lazy: optional extra (matplotlib)
-            from .html import to_html
+            from .html import to_html  # lazy: as above
             return to_html(self.preamble(), self.tables(), list(history_plots(self)), title="lbbench history")
         if fmt == "table":
             buf = io.StringIO()

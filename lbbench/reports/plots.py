@@ -27,7 +27,7 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .summary import Slo, completed_expr, derive, summarize
+from ..metrics.summary import Slo, completed_expr, derive, summarize
 
 _LABELS = {"e2e_s": "end-to-end latency", "ttft_s": "time to first token",
            "router_wait_s": "router wait"}
@@ -320,11 +320,11 @@ MAX_TIMELINES = 6
 
 
 def report_plots(requests: pl.LazyFrame, keys: list[str], baseline: str, main: pl.DataFrame | None,
-                 slo: Slo | None, timelines: Sequence[tuple[str, str | None]]) -> Iterator[Plot]:
+                 slo: Slo | None, timelines: Sequence[tuple[str, pl.LazyFrame | None]]) -> Iterator[Plot]:
     """Every figure of a report, in page order (sections: improvement, latency, load).
 
     ``main`` is the report's main table (None: no improvement figure); ``timelines`` pairs each run's label
-    with its per-instance timeline file (None: the run has none).
+    with its per-instance timeline (``RunInfo.timeline()``; None: the run has none).
     """
     lf = requests
     if main is not None and main.filter(pl.col("router") != baseline).height:
@@ -341,10 +341,10 @@ def report_plots(requests: pl.LazyFrame, keys: list[str], baseline: str, main: p
     yield Plot("e2e_over_time", "latency", "Mean E2E latency over arrival time",
                latency_over_time(lf, keys))
     shown = 0
-    for label, timeline_path in timelines:
-        if timeline_path is None or shown >= MAX_TIMELINES:
+    for label, timeline in timelines:
+        if timeline is None or shown >= MAX_TIMELINES:
             continue
-        png = instance_timeline(pl.scan_parquet(timeline_path))
+        png = instance_timeline(timeline)
         if png is not None:
             stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)
             yield Plot(f"load_{stem}", "load",

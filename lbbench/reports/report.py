@@ -15,10 +15,10 @@ from typing import Any, Iterator, Sequence
 import polars as pl
 from rich.console import Console
 
+from ..rundir import Runs, load_runs, read_decisions, settings_of
 from . import render as R
-from .decisions import decision_tables, load_decisions
+from .decisions import decision_tables
 from .html import to_html
-from .load import Runs, load_runs, settings_of
 from .tables import Slo, Table, build_tables
 
 FORMATS = ("table", "markdown", "json", "html")
@@ -68,7 +68,7 @@ class Report:
         from .plots import report_plots  # lazy: optional extra (matplotlib)
 
         main = self.table("main")
-        timelines = [(info.label, info.timeline_path) for info in self.runs.infos]
+        timelines = [(info.label, info.timeline()) for info in self.runs.infos]
         return report_plots(self.runs.requests, self.keys, self.baseline, None if main is None else main.df,
                             self.slo, timelines)
 
@@ -101,7 +101,7 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
     if baseline not in routers:
         warnings.append(f"baseline router {baseline!r} is not in these runs; improvements are empty")
     tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
-    tables += decision_tables(load_decisions([(i.label, i.path) for i in runs.infos]))
+    tables += decision_tables(read_decisions([(i.label, i.path) for i in runs.infos]))
     return Report(runs, keys, tables, baseline, warnings, slo)
 
 

@@ -13,8 +13,8 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from ..experiment.rundir import RUN_TOML, write_tables
-from .summary import summarize
+from ..rundir import write_run_doc, write_tables
+from ..metrics.summary import summarize
 
 #: Mean E2E multiplier per router (1.0 = round robin).
 DEFAULT_SLOWDOWN = {"round_robin": 1.0, "jsq": 0.9, "random": 1.25, "min_min": 0.95}
@@ -124,14 +124,9 @@ def write_run(path, requests: pl.DataFrame, timeline: pl.DataFrame | None = None
     out = Path(path)
     write_tables(out, requests, timeline, summarize(requests))
     first = requests.row(0, named=True)
-    lines = [f"# {note}",
-             f"complete = {'true' if complete else 'false'}",
-             f"routers = [{', '.join(repr(r) for r in requests['router'].unique(maintain_order=True))}]"
-             .replace("'", '"'),
-             f"seeds = {sorted(requests['seed'].unique().to_list())}",
-             f'profile = "{first.get("profile", "")}"',
-             f'backend = "{first.get("backend", "sim")}"']
-    for k, v in (extra or {}).items():
-        lines.append(f"{k} = {v!r}".replace("'", '"'))
-    (out / RUN_TOML).write_text("\n".join(lines) + "\n")
+    write_run_doc(out, {"note": note, "complete": complete,
+                        "routers": requests["router"].unique(maintain_order=True).to_list(),
+                        "seeds": sorted(requests["seed"].unique().to_list()),
+                        "profile": first.get("profile", ""), "backend": first.get("backend", "sim"),
+                        **(extra or {})})
     return out

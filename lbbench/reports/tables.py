@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from .stats import MEAN, bootstrap_change, side_from_rows
-from .summary import (Slo, completed_expr, derive, improvement_pct_col, improvement_s_col, slo_met_expr,
+from ..metrics.stats import MEAN, bootstrap_change, side_from_rows
+from ..metrics.summary import (Slo, completed_expr, derive, improvement_pct_col, improvement_s_col, slo_met_expr,
                       summarize)
 
 

@@ -74,6 +74,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from ..core import ClusterView, Decision, Request
+from ..errors import InputError
 from ..profiles import Profile
 from ..sim.cluster import ClusterSim
 from .late_binding import LateBindingRouter
@@ -93,7 +94,7 @@ GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_dept
 BACKFILL_GATE_OPTIONS: dict[str, Any] = {"order": "fcfs", "kv_slack": 0.0, "backfill_depth": 16, "calibrate": False}
 
 
-class PlannerError(ValueError):
+class PlannerError(InputError):
     """The planner cannot run (no simulator bound, unknown base policy, bad option)."""
 
 
@@ -138,7 +139,9 @@ class LookaheadParams:
     margin); a shorter screen was not measured."""
 
 
-def _params(options: dict[str, Any]) -> LookaheadParams:
+def parse_params(options: dict[str, Any]) -> LookaheadParams:
+    """The planner's parameters from its router options (``--router-opt lookahead.KEY=VALUE``); a
+    ``PlannerError`` naming a bad one."""
     known = {f.name for f in fields(LookaheadParams)}
     unknown = set(options) - known
     if unknown:
@@ -442,7 +445,7 @@ def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.
                                 screen_s=screen_s)
     if best_of is not None:
         opts["best_of"] = best_of
-    params = _params(opts)
+    params = parse_params(opts)
     if params.base == "best" and not sim.dispatcher.queue:
         return None
     return _plan(sim, resolve_base(sim, params, seed, pending), pending, seed)[0]
@@ -500,7 +503,7 @@ class LookaheadRouter:
     deployable = False
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None, **options: Any):
-        self.params = self.requested = _params(options)  # params: with base=best, the base chosen at bind
+        self.params = self.requested = parse_params(options)  # params: with base=best, the base chosen at bind
         check_base(self.params, num_instances, seed, profile)  # fail early on a bad base
         self.base_costs: dict[str, float] = {}  # with base=best: each base's cost when the run was bound
         self.num_instances = num_instances

@@ -105,7 +105,8 @@ class OnlineLinear:
         z = (x - mu) / sd
         ym = y.mean()
         if self.model == "bayesian_ridge":
-            from sklearn.linear_model import BayesianRidge  # optional extra, checked at construction
+            # lazy: scikit-learn is the optional learn extra (checked at construction)
+            from sklearn.linear_model import BayesianRidge
             w = BayesianRidge().fit(z, y - ym).coef_
         else:
             w = np.zeros(z.shape[1])

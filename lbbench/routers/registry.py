@@ -12,10 +12,11 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import InputError
 from ..profiles import Profile
 
 
-class UnknownRouterError(ValueError):
+class UnknownRouterError(InputError):
     pass
 
 

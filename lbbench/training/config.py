@@ -21,6 +21,9 @@ import ast
 import dataclasses
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
+
+from lbbench.fleet import parse_fleet
 
 
 @dataclass
@@ -147,7 +150,6 @@ class TrainConfig:
         """One profile per instance of ``fleet`` (``lbbench.fleet.parse_fleet``), or None without one."""
         if not self.fleet:
             return None
-        from lbbench.fleet import parse_fleet
         return parse_fleet(self.fleet).profiles()
 
     def for_fleet(self) -> "TrainConfig":
@@ -159,7 +161,6 @@ class TrainConfig:
 
     def workload_label(self) -> str:
         """What the checkpoint was trained on, as ``lbbench run`` labels workloads."""
-        from pathlib import Path
         return f"trace:{Path(self.trace).name}" if self.trace else self.workload
 
     def rate_list(self) -> list[float]:

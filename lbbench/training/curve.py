@@ -29,6 +29,9 @@ import polars as pl
 
 from lbbench.core import ClusterView, Decision, Request
 from lbbench.routers.mixing import MixingParams, least_impact_instance, penalties
+from lbbench.routers.registry import get_router
+from lbbench.routers.rl.policy import ROUTER_CLASSES
+from lbbench.training.episodes import make_sim
 
 CURVE_FILE = "learning_curve.parquet"
 PLOT_FILE = "learning_curve.png"
@@ -59,7 +62,6 @@ class MixingHeuristic:
 def evaluate(router_factory, profile, cfg, workloads: Sequence[Sequence[Request]],
              seeds: Sequence[int]) -> dict:
     """Mean and p99 E2E (s) and preemptions of a router over the workloads (a fresh router per workload)."""
-    from lbbench.training.episodes import make_sim
     e2e, preempt = [], 0
     for reqs, seed in zip(workloads, seeds):
         recs = make_sim(cfg, profile, reqs, seed).run(router_factory())
@@ -71,7 +73,6 @@ def evaluate(router_factory, profile, cfg, workloads: Sequence[Sequence[Request]
 
 def evaluate_network(policy, profile, cfg, workloads, seeds) -> dict:
     """``evaluate`` for a numpy policy routed by the RL router with the gate off."""
-    from lbbench.routers.rl.policy import ROUTER_CLASSES
     with tempfile.TemporaryDirectory() as tmp:
         policy.save(tmp)
         return evaluate(lambda: ROUTER_CLASSES[cfg.router](cfg.instances, checkpoint=tmp, gate=False),
@@ -83,7 +84,6 @@ class LearningCurve:
 
     def __init__(self, cfg, profile, workloads: Sequence[Sequence[Request]], seeds: Sequence[int],
                  out_dir: str | Path | None = None):
-        from lbbench.routers.registry import get_router
         self.cfg, self.profile, self.workloads, self.seeds = cfg, profile, list(workloads), list(seeds)
         self.path = Path(out_dir) / CURVE_FILE if out_dir is not None else None
         self.rows: list[dict] = []
@@ -114,9 +114,9 @@ class LearningCurve:
 
 def save_plot(curve: pl.DataFrame, path: str | Path, title: str = "") -> Path:
     """Draw mean and p99 E2E against episodes, one line per policy (needs matplotlib)."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is the optional plot extra
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is the optional plot extra
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, col, label in ((axes[0], "mean_e2e_s", "mean E2E (s)"), (axes[1], "p99_e2e_s", "p99 E2E (s)")):

@@ -27,6 +27,11 @@ from typing import Callable
 import numpy as np
 
 from lbbench.core import Request
+from lbbench.experiment import RunConfig, build_requests
+from lbbench.predict import annotate, load_predictor
+from lbbench.routers.rl.features import FeatureSpec
+from lbbench.sim.cluster import ClusterSim
+from lbbench.workloads.traces import load_trace_requests
 
 
 def trace_window(requests: list[Request], num_requests: int, seed: int) -> list[Request]:
@@ -46,7 +51,6 @@ def trace_window(requests: list[Request], num_requests: int, seed: int) -> list[
 def feature_spec(cfg, profile):
     """The ``FeatureSpec`` of a ``TrainConfig``: the profile's, or with a fleet the fleet's
     (``FeatureSpec.from_profiles``)."""
-    from lbbench.routers.rl.features import FeatureSpec
     kw = {"kv_features": cfg.kv_features}
     if cfg.capacity_features:
         kw["capacity_features"] = True
@@ -59,7 +63,6 @@ def feature_spec(cfg, profile):
 def make_sim(cfg, profile, requests, seed: int, profiles=None):
     """The simulator a ``TrainConfig`` trains and validates on: ``cfg.instances`` x ``profile``, or with a
     fleet one profile per instance (``profiles``, default ``cfg.fleet_profiles()``)."""
-    from lbbench.sim.cluster import ClusterSim
     profiles = profiles if profiles is not None else cfg.fleet_profiles()
     kw = {"seed": seed, "instance_scheduler": cfg.instance_scheduler, "chunked_prefill": cfg.chunked_prefill}
     if profiles is None:
@@ -69,14 +72,9 @@ def make_sim(cfg, profile, requests, seed: int, profiles=None):
 
 def episode_source(cfg, profile) -> Callable[[int], list[Request]]:
     """``seed -> annotated requests`` for a ``TrainConfig``."""
-    from lbbench.experiment import RunConfig, build_requests
-    from lbbench.predict import annotate, load_predictor
-
     predictor = load_predictor(cfg.predictor, profile=profile, seed=cfg.train_seed_base + cfg.seed)
     rates = cfg.rate_list()
     if cfg.trace:
-        from lbbench.workloads.traces import load_trace_requests
-
         opts = dict(cfg.trace_options)
         wholes = [load_trace_requests(cfg.trace, rate=r or None, **opts) for r in rates]
 

@@ -31,6 +31,8 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from lbbench.distributed.actors import ActorPool, get_actor_pool
+from lbbench.training.episodes import episode_source, feature_spec
+from lbbench.training.teachers import make_teacher
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,7 @@ class RolloutWorker:
     """Holds one environment (and teacher) and plays ``EpisodeTask``s."""
 
     def __init__(self, cfg, profile):
-        from lbbench.training.env import RewardConfig, RouterEnv
-        from lbbench.training.episodes import episode_source, feature_spec
-        from lbbench.training.teachers import make_teacher
+        from lbbench.training.env import RewardConfig, RouterEnv  # lazy: gymnasium is the optional learn extra
 
         self.cfg = cfg
         self.teacher = make_teacher(cfg.teacher, profile, max_defer_s=cfg.max_defer_s)

@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 from lbbench.core import ClusterView, Decision, Request
 from lbbench.routers.late_binding import KvGate, clamp_output
 from lbbench.routers.lookahead import plan_action
+from lbbench.routers.registry import get_router
 from lbbench.sim.cluster import ClusterSim
 
 #: teachers that are routers of the registry: deployable, capacity-aware (for mixed fleets)
@@ -105,7 +106,6 @@ def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
             return sim.num_instances if d is None else int(d.instance)
         return lookahead
     if name in ROUTER_TEACHERS:
-        from lbbench.routers.registry import get_router
         router = get_router(name, num_instances=0, profile=profile)
         last: list = [None]
 

@@ -7,9 +7,12 @@ could not build are listed with their reason and counted as not covered, never d
 
 from __future__ import annotations
 
+import html
+import io
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import polars as pl
 
 from .metrics import METRICS
@@ -115,17 +118,13 @@ def write_outputs(frame: pl.DataFrame, out_dir: str | Path, title: str = "Simula
 
 
 def _escape(s: str) -> str:
-    import html
     return html.escape(s)
 
 
 def scatter_plots(frame: pl.DataFrame) -> list[tuple[str, bytes]]:
     """One predicted-against-measured scatter (log-log, the y = x line and +-10 / 20 % bands) per metric."""
-    import io
-
-    import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: matplotlib is the plot extra
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: as above
 
     d = covered(frame)
     out = []

@@ -30,6 +30,9 @@ import numpy as np
 from ..core import Request
 from ..errors import InputError
 from ..profiles import Profile, profile_from_dict
+from ..profiling.gpus import get_gpu
+from ..profiling.models import load_model_config, shipped_models
+from ..profiling.roofline_derive import EngineLimits, derive_roofline_profile
 from ..roofline import RooflineEfficiency
 from ..workloads.lengths import LognormalLength
 from ..workloads.shared_prefix import SharedPrefixSpec, Stage, shared_prefix_requests, stage_arrivals
@@ -125,7 +128,6 @@ def flag(row: Any, col: str) -> bool | None:
 def resolve_model(hf_id: str):
     """The shipped model config whose Hugging Face id is ``hf_id`` (case and ``-hf`` / ``-instruct`` suffixes
     aside); None when none matches."""
-    from ..profiling.models import load_model_config, shipped_models  # lazy: profiling sits above validation's callers
 
     def norm(s: str) -> str:
         s = s.lower().split("/")[-1]
@@ -171,8 +173,6 @@ def _stages(rows: Sequence[Any]) -> list[Stage]:
 
 
 def build_profile(row: Any, eff: RooflineEfficiency, eff_source: str, api_overhead_s: float) -> Profile:
-    from ..profiling.gpus import get_gpu  # lazy: see resolve_model
-    from ..profiling.roofline_derive import EngineLimits, derive_roofline_profile
 
     cfg = resolve_model(str(value(row, "model")))
     if cfg is None:

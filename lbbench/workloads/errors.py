@@ -6,8 +6,10 @@ clear line and exit code 2 without knowing where they came from.
 
 from __future__ import annotations
 
+from ..errors import InputError
 
-class WorkloadError(ValueError):
+
+class WorkloadError(InputError):
     """A workload was asked for with parameters that make no sense."""
 
 

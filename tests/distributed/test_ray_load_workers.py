@@ -11,7 +11,7 @@ import pytest
 
 from lbbench.core import Request
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, zero_latency_profile
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 
 
@@ -20,8 +20,8 @@ def test_load_workers_as_ray_actors(ray_session):
     t = np.cumsum(rng.exponential(1 / 60.0, 120))
     reqs = [Request(i, float(t[i]), int(rng.integers(8, 64)), int(rng.integers(2, 16))) for i in range(120)]
     with EmulatorFleet(FleetConfig(zero_latency_profile(), 2)) as fleet:
-        res = run_replay(reqs, get_router("least_requests", num_instances=2), fleet.endpoints, run_id="ray",
-                         seed=0, load_workers=2, ray=True, scrape_interval_s=None)
+        res = run_replay(reqs, get_router("least_requests", num_instances=2), fleet.endpoints,
+                         ReplaySettings(run_id="ray", seed=0, load_workers=2, ray=True, scrape_interval_s=None))
     assert res.complete and sorted(r.request_id for r in res.records) == list(range(len(reqs)))
     assert all(r.error is None and r.generated_tokens == q.output_tokens for r, q in
                zip(sorted(res.records, key=lambda r: r.request_id), reqs))

@@ -81,7 +81,7 @@ def test_sigkilled_serve_sim_process_mid_run():
     import threading
 
     from lbbench.core import Request
-    from lbbench.harness.replay import run_replay
+    from lbbench.harness.replay import ReplaySettings, run_replay
     from lbbench.routers import get_router
 
     servers = [_serve_sim(free_port()) for _ in range(2)]
@@ -92,8 +92,8 @@ def test_sigkilled_serve_sim_process_mid_run():
         timer = threading.Timer(1.0, servers[1][0].kill)
         timer.start()
         try:
-            res = run_replay(reqs, get_router("jsq", num_instances=2, seed=0), urls, run_id="k", seed=0,
-                             scrape_interval_s=0.5)
+            res = run_replay(reqs, get_router("jsq", num_instances=2, seed=0), urls,
+                             ReplaySettings(run_id="k", seed=0, scrape_interval_s=0.5))
         finally:
             timer.cancel()
     finally:

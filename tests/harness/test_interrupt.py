@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from lbbench.core import Request
     from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
-    from lbbench.harness.replay import run_replay
+    from lbbench.harness.replay import ReplaySettings, run_replay
     from lbbench.profiles import load_profile
     from lbbench.routers import get_router
 
@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
             if done >= 20:
                 print("progress", flush=True)
         res = run_replay(reqs, get_router("round_robin", num_instances=2, seed=0), fleet.endpoints,
-                         run_id="i", seed=0, out_dir=out_dir, progress=progress)
+                         ReplaySettings(run_id="i", seed=0, out_dir=out_dir, progress=progress))
     print(json.dumps({"complete": res.complete, "interrupted": res.interrupted,
                       "records": len(res.records), "ok": sum(r.error is None for r in res.records)}),
           flush=True)

@@ -1,7 +1,7 @@
 """Closed-loop sessions live: against emulated instances, each turn is sent no earlier than the
 previous turn's answer finished plus its think time, and the records carry session and turn."""
 
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 from lbbench.workloads.sessions import SessionSpec, sessions
 
@@ -11,7 +11,7 @@ def test_live_turns_wait_for_the_previous_answer(a100_fleet):
                                                           think=0.2, block=16))
     assert any(r.turn for r in reqs)
     res = run_replay(reqs, get_router("session_affinity", num_instances=2, seed=0), a100_fleet.endpoints,
-                     run_id="s", seed=0, scrape_interval_s=None)
+                     ReplaySettings(run_id="s", seed=0, scrape_interval_s=None))
     assert res.complete and len(res.records) == len(reqs)
     by = {(r.session_id, r.turn): r for r in res.records}
     pairs = [(by[(s, t - 1)], r) for (s, t), r in by.items() if t and (s, t - 1) in by]

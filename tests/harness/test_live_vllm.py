@@ -22,7 +22,7 @@ import pytest
 from lbbench.core import Request
 from lbbench.engines.vllm.emulator import free_port_range
 from lbbench.engines.vllm.launcher import find_vllm_python, launch
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 
 pytestmark = pytest.mark.live
@@ -80,8 +80,9 @@ def test_tiny_model_on_two_vllm_cpu_instances(tmp_path):
                 health_timeout_s=600, max_num_seqs=32) as endpoints:
         for name in ("round_robin", "jsq"):
             router = get_router(name, num_instances=2, seed=0)
-            res = run_replay(requests, router, endpoints, run_id=f"live-{name}", seed=0,
-                             out_dir=tmp_path / name, scrape_interval_s=0.5, request_timeout_s=120)
+            res = run_replay(requests, router, endpoints,
+                             ReplaySettings(run_id=f"live-{name}", seed=0, out_dir=tmp_path / name,
+                                            scrape_interval_s=0.5, request_timeout_s=120))
             assert res.complete, f"{name} on {source}: incomplete"
             assert res.model == "tiny"
             assert len(res.records) == NUM_REQUESTS

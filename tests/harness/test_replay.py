@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from lbbench.core import Request
 from lbbench.profiles import load_profile
 from lbbench.engines.vllm.emulator import free_port
-from lbbench.harness.record_log import PARTIAL_RECORDS
-from lbbench.harness.replay import EndpointError, check_endpoints, normalize_endpoint, run_replay
+from lbbench.rundir import PARTIAL_RECORDS
+from lbbench.harness.replay import EndpointError, ReplaySettings, check_endpoints, normalize_endpoint, run_replay
 from lbbench.routers import get_router
 
 
@@ -28,8 +28,9 @@ def test_replay_at_80_rps_is_complete_exact_and_consistent(a100_fleet, tmp_path,
     reqs = make_requests(200, 80.0, seed=1)
     router = get_router("jsq", num_instances=2, seed=0)
     seen = []
-    res = run_replay(reqs, router, a100_fleet.endpoints, run_id="t", seed=0, out_dir=tmp_path,
-                     scrape_interval_s=0.25, progress=lambda d, t: seen.append((d, t)))
+    res = run_replay(reqs, router, a100_fleet.endpoints,
+                     ReplaySettings(run_id="t", seed=0, out_dir=tmp_path, scrape_interval_s=0.25,
+                                    progress=lambda d, t: seen.append((d, t))))
     assert res.complete and res.interrupted is None
     df = _frame(res)
     assert df.height == 200 and df["request_id"].n_unique() == 200
@@ -76,7 +77,7 @@ def test_emulated_timings_follow_the_profile(a100_fleet):
     """One request alone: TTFT is one prefill step, the gaps are decode steps."""
     req = Request(0, 0.0, prompt_tokens=1000, output_tokens=20)
     res = run_replay([req], get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
-                     run_id="t", seed=0, scrape_interval_s=None)
+                     ReplaySettings(run_id="t", seed=0, scrape_interval_s=None))
     rec = res.records[0]
     p = load_profile("llama3.1-8b-a100")
     prefill_s = p.base_s + p.prefill_token_s * 1000
@@ -90,7 +91,7 @@ def test_chat_api_and_text_prompts(a100_fleet):
             for i in range(4)]
     for api in ("chat", "completions"):
         res = run_replay(reqs, get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
-                         run_id="t", seed=0, api=api, scrape_interval_s=None)
+                         ReplaySettings(run_id="t", seed=0, api=api, scrape_interval_s=None))
         assert res.complete
         assert all(r.error is None and r.generated_tokens == 5 for r in res.records)
 
@@ -111,7 +112,7 @@ def test_killed_instance_fails_its_in_flight_requests_and_the_run_goes_on(tmp_pa
         timer.start()
         try:
             res = run_replay(reqs, get_router("round_robin", num_instances=2, seed=0), fleet.endpoints,
-                             run_id="t", seed=0, out_dir=tmp_path, scrape_interval_s=0.5)
+                             ReplaySettings(run_id="t", seed=0, out_dir=tmp_path, scrape_interval_s=0.5))
         finally:
             timer.cancel()
     assert res.complete, "the run must complete despite the crash"
@@ -140,8 +141,8 @@ def test_unreachable_endpoint_is_a_clear_error():
     with pytest.raises(EndpointError, match=rf"^endpoint http://127.0.0.1:{port}: unreachable"):
         check_endpoints([f"http://127.0.0.1:{port}"])
     with pytest.raises(EndpointError, match="unreachable"):
-        run_replay([Request(0, 0.0, 4, 4)], get_router("round_robin", num_instances=1, seed=0),
-                   [f"127.0.0.1:{port}"], run_id="t", seed=0)
+        run_replay([Request(0, 0.0, 4, 4)], get_router("round_robin", num_instances=1, seed=0), [f"127.0.0.1:{port}"],
+                   ReplaySettings(run_id="t", seed=0))
 
 
 def test_endpoint_normalization(a100_fleet):
@@ -174,13 +175,13 @@ def test_router_error_ends_the_run_with_that_error(a100_fleet, tmp_path):
 
     with pytest.raises(RouterError, match="invalid decision"):
         run_replay([Request(0, 0.0, 8, 4), Request(1, 0.05, 8, 4)], _BadRouter(), a100_fleet.endpoints,
-                   run_id="t", seed=0, out_dir=tmp_path)
+                   ReplaySettings(run_id="t", seed=0, out_dir=tmp_path))
 
 
 def test_deferral_epochs_and_planned_send_time(a100_fleet):
     reqs = [Request(i, 0.01 * i, 8, 4) for i in range(5)]
-    res = run_replay(reqs, _HoldFirstRouter(), a100_fleet.endpoints, run_id="t", seed=0, min_step_s=0.02,
-                     scrape_interval_s=None)
+    res = run_replay(reqs, _HoldFirstRouter(), a100_fleet.endpoints,
+                     ReplaySettings(run_id="t", seed=0, min_step_s=0.02, scrape_interval_s=None))
     assert res.complete
     for rec in res.records:
         assert rec.error is None and rec.instance == 0
@@ -202,8 +203,8 @@ def test_requests_fail_cleanly_when_every_instance_is_down():
         timer.start()
         try:
             res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), fleet.endpoints,
-                             run_id="t", seed=0, stall_timeout_s=0.5, health_interval_s=0.1,
-                             scrape_interval_s=None)
+                             ReplaySettings(run_id="t", seed=0, stall_timeout_s=0.5, health_interval_s=0.1,
+                                            scrape_interval_s=None))
         finally:
             timer.cancel()
     assert res.complete and len(res.records) == 30
@@ -219,8 +220,8 @@ def test_requests_fail_cleanly_when_every_instance_is_down():
        st.sampled_from(["round_robin", "jsq", "random"]))
 def test_every_request_ends_exactly_once_with_consistent_times(zero_fleet, rows, router_name):
     reqs = [Request(i, t, p, o) for i, (t, p, o) in enumerate(rows)]  # bursts: equal times allowed
-    res = run_replay(reqs, get_router(router_name, num_instances=2, seed=0), zero_fleet.endpoints, run_id="p",
-                     seed=0, scrape_interval_s=None, warm_connections=2)
+    res = run_replay(reqs, get_router(router_name, num_instances=2, seed=0), zero_fleet.endpoints,
+                     ReplaySettings(run_id="p", seed=0, scrape_interval_s=None, warm_connections=2))
     assert res.complete
     assert sorted(r.request_id for r in res.records) == list(range(len(reqs)))
     by_id = {r.request_id: r for r in reqs}

@@ -16,13 +16,13 @@ from polars.testing import assert_frame_equal
 from lbbench.core import RequestRecord
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.experiment import Reporter, RunConfig, run_experiment
-from lbbench.experiment.rundir import records_frame
 from lbbench.experiment.units import run_columns
-from lbbench.harness import record_log, replay
-from lbbench.harness.record_log import RecordLog
+from lbbench.harness import replay
+from lbbench.rundir import records as record_log
+from lbbench.rundir import RecordLog, records_frame
 from lbbench.profiles import load_profile
-from lbbench.reports.reference import with_reference
-from lbbench.reports.summary import summarize
+from lbbench.metrics.reference import with_reference
+from lbbench.metrics.summary import summarize
 
 PROFILE = "llama3.1-8b-a100"
 

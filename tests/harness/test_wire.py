@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from lbbench.core import Request
 from lbbench.live.http import (DEFAULT_TOKEN_ID_RANGE, PREFIX_BLOCK_TOKENS, StreamResult, prompt_token_ids,
                                   request_body)
-from lbbench.live.metrics import parse_metrics, render_metrics
+from lbbench.engines.vllm.metrics_page import render_metrics
+from lbbench.live.metrics import parse_metrics
 
 
 @settings(max_examples=60, deadline=None)

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from lbbench.cli import main
 from lbbench.core import Request
 from lbbench.experiment.config import auto_load_workers
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 
 
@@ -29,8 +29,8 @@ def _requests(n: int, rate: float, seed: int = 5) -> list[Request]:
 
 def test_every_request_recorded_once_at_the_asked_rate(fleet, tmp_path):
     reqs = _requests(240, 80.0)
-    res = run_replay(reqs, get_router("jsq", num_instances=2), fleet.endpoints, run_id="lw", seed=0,
-                     load_workers=2, scrape_interval_s=None, out_dir=tmp_path)
+    res = run_replay(reqs, get_router("jsq", num_instances=2), fleet.endpoints,
+                     ReplaySettings(run_id="lw", seed=0, load_workers=2, scrape_interval_s=None, out_dir=tmp_path))
     assert res.complete and res.interrupted is None
     ids = [r.request_id for r in res.records]
     assert sorted(ids) == list(range(len(reqs)))  # each exactly once
@@ -78,8 +78,8 @@ def test_a_worker_that_dies_stops_the_run_incomplete_with_what_finished(fleet, t
     reqs = _requests(400, 40.0)  # 10 s of arrivals; worker 0 is killed after 40 have finished
     killed: list = []
     watcher = _kill_worker_after(tmp_path / "requests.partial.jsonl", 40, killed)
-    res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints, run_id="lw", seed=0,
-                     load_workers=2, scrape_interval_s=None, out_dir=tmp_path)
+    res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints,
+                     ReplaySettings(run_id="lw", seed=0, load_workers=2, scrape_interval_s=None, out_dir=tmp_path))
     watcher.join(5)
     assert killed, "the worker was not found to kill"
     assert not res.complete and res.interrupted.startswith("load worker 0 lost")
@@ -115,15 +115,15 @@ def test_load_workers_through_the_cli(fleet, run_on_fleet, tmp_path):
 def test_workers_remeasure_their_clock_offset_during_the_run(fleet, tmp_path, monkeypatch):
     import dataclasses
 
-    import lbbench.live.load_workers as lw
-    real = lw.LoadWorkers
+    import lbbench.harness.replay as replay
+    real = replay.LoadWorkers
 
     def every_half_second(n, settings, **kw):
         return real(n, dataclasses.replace(settings, resync_every_s=0.5), **kw)
-    monkeypatch.setattr(lw, "LoadWorkers", every_half_second)
+    monkeypatch.setattr(replay, "LoadWorkers", every_half_second)  # where the replay looks it up
     reqs = _requests(160, 40.0)  # 4 s of arrivals: several re-measurements per worker
-    res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints, run_id="lw", seed=0,
-                     load_workers=2, scrape_interval_s=None, out_dir=tmp_path)
+    res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints,
+                     ReplaySettings(run_id="lw", seed=0, load_workers=2, scrape_interval_s=None, out_dir=tmp_path))
     assert res.complete and sorted(r.request_id for r in res.records) == list(range(len(reqs)))
     assert all(r.error is None for r in res.records)
     for w in res.load_workers:

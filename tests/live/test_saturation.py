@@ -89,7 +89,7 @@ from lbbench.core import Request  # noqa: E402
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig, zero_latency_profile  # noqa: E402
 from lbbench.experiment import RunConfig  # noqa: E402
 from lbbench.experiment.runner import run_experiment  # noqa: E402
-from lbbench.harness.replay import CANCELLED, NOT_SENT, run_replay  # noqa: E402
+from lbbench.harness.replay import CANCELLED, NOT_SENT, ReplaySettings, run_replay  # noqa: E402
 from lbbench.live.saturation import SaturationPolicy  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
@@ -106,8 +106,9 @@ def slow_fleet():
 def test_live_step_over_capacity_stops_and_records_every_request(slow_fleet, mode):
     n, rate = 400, 200.0  # about 10 x capacity, 2 s of arrivals
     reqs = [Request(i, i / rate, 16, 10) for i in range(n)]
-    res = run_replay(reqs, get_router("round_robin", num_instances=2), slow_fleet.endpoints, run_id="t", seed=0,
-                     scrape_interval_s=None, saturation=SaturationPolicy(20.0, 0.5, True, mode))
+    res = run_replay(reqs, get_router("round_robin", num_instances=2), slow_fleet.endpoints,
+                     ReplaySettings(run_id="t", seed=0, scrape_interval_s=None,
+                                    saturation=SaturationPolicy(20.0, 0.5, True, mode)))
     assert res.complete and res.saturated_at_s is not None and res.saturated_at_s < 1.5
     ids = sorted(r.request_id for r in res.records)
     assert ids == list(range(n))  # every request has its one record
@@ -123,8 +124,9 @@ def test_live_step_over_capacity_stops_and_records_every_request(slow_fleet, mod
 
 def test_live_step_marks_without_stopping(slow_fleet):
     reqs = [Request(i, i / 100.0, 16, 10) for i in range(150)]
-    res = run_replay(reqs, get_router("round_robin", num_instances=2), slow_fleet.endpoints, run_id="t", seed=0,
-                     scrape_interval_s=None, saturation=SaturationPolicy(10.0, 0.5, False, "cancel"))
+    res = run_replay(reqs, get_router("round_robin", num_instances=2), slow_fleet.endpoints,
+                     ReplaySettings(run_id="t", seed=0, scrape_interval_s=None,
+                                    saturation=SaturationPolicy(10.0, 0.5, False, "cancel")))
     assert res.saturated_at_s is not None
     assert all(r.error is None for r in res.records) and len(res.records) == 150
 

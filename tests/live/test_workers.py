@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from lbbench.cli import main
 from lbbench.core import Request
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.live.workers import StreamWorkers, WorkerSettings
 from lbbench.routers import get_router
 
@@ -25,8 +25,9 @@ def test_stream_workers_give_the_records_one_process_gives(fleet, tmp_path):
     reqs = _requests()
     runs = {}
     for workers in (0, 2):
-        res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints, run_id="w", seed=0,
-                         stream_workers=workers, scrape_interval_s=None, out_dir=tmp_path / str(workers))
+        res = run_replay(reqs, get_router("round_robin", num_instances=2), fleet.endpoints,
+                         ReplaySettings(run_id="w", seed=0, stream_workers=workers, scrape_interval_s=None,
+                                        out_dir=tmp_path / str(workers)))
         assert res.complete and len(res.records) == len(reqs)
         runs[workers] = {r.request_id: r for r in res.records}
     for rid, one in runs[0].items():

@@ -12,7 +12,7 @@ from lbbench.errors import InputError
 from lbbench.experiment import RunConfig, run_experiment
 from lbbench.planning.capacity import SearchTask, point_metrics, run_search
 from lbbench.planning.prices import cost_columns, load_prices
-from lbbench.reports.summary import Slo
+from lbbench.metrics.summary import Slo
 
 SLO = Slo(ttft_s=0.5, tbt_s=0.03)
 

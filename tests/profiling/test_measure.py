@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from lbbench.cli import main
 from lbbench.cli.profile import write_profile_toml
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
+from lbbench.engines.vllm.info import EngineInfo
 from lbbench.profiles import load_profile
-from lbbench.profiling.measure import (EngineInfo, Measurement, MeasureError, Observation, fit_profile,
-                                       fit_step_model)
+from lbbench.profiling.measure import Measurement, MeasureError, Observation, fit_profile, fit_step_model
 
 TRUE = dict(api_overhead_s=0.004, base_s=0.008, prefill_token_s=1.5e-4, decode_seq_s=2e-4, context_token_s=5e-7)
 
@@ -123,7 +123,7 @@ def test_measure_both_chunked_settings_launches_each_and_writes_two_profiles(tmp
     token budget, as vLLM requires."""
     import contextlib
 
-    import lbbench.engines.vllm.launcher as launcher
+    from lbbench.cli import profile as cli_profile
     from lbbench.profiling import measure
 
     calls = []
@@ -135,10 +135,10 @@ def test_measure_both_chunked_settings_launches_each_and_writes_two_profiles(tmp
         with EmulatorFleet(FleetConfig(prof.with_overrides(chunked_prefill=kw["chunked_prefill"]), 1)) as fleet:
             yield fleet.endpoints
 
-    monkeypatch.setattr(launcher, "launch", fake_launch)
+    monkeypatch.setattr(cli_profile, "launch", fake_launch)  # where `profile measure` looks them up
     small = measure.Sweep(prefill_tokens=(16, 256, 1024), decode_batches=(1, 8), decode_contexts=(16, 512),
                           decode_tokens=12, repeats=1)
-    monkeypatch.setattr(measure, "Sweep", lambda repeats: small)
+    monkeypatch.setattr(cli_profile, "Sweep", lambda repeats: small)
     res = CliRunner().invoke(main, ["profile", "measure", "--launch", "m", "--chunked-prefill", "both",
                                     "--max-num-batched-tokens", "2048", "--out", str(tmp_path / "p.toml")])
     assert res.exit_code == 0, res.output

@@ -12,7 +12,7 @@ import pytest
 
 from harness.conftest import poisson_requests
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.profiles import load_profile
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig, prompt_tokens_of
 from lbbench.routers import get_router
@@ -107,8 +107,8 @@ def _metrics_with(url: str, line: str, timeout_s: float = 2.0) -> str:
 def test_lbbench_replay_through_the_proxy(fleet):
     reqs = poisson_requests(60, 40.0)
     with _gateway(fleet, router="least_requests") as gw:
-        res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url], run_id="p", seed=0,
-                         scrape_interval_s=None)
+        res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url],
+                         ReplaySettings(run_id="p", seed=0, scrape_interval_s=None))
     assert res.complete and all(r.error is None for r in res.records)
     assert all(r.generated_tokens == r.output_tokens for r in res.records)
     assert min(inst.num_finished_total for inst in fleet.instances) > 10  # both backends served
@@ -118,8 +118,8 @@ def test_a_dead_backend_costs_no_client_errors(fleet):
     with _gateway(fleet) as gw:
         fleet.kill(1)
         reqs = poisson_requests(30, 30.0)
-        res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url], run_id="k", seed=0,
-                         scrape_interval_s=None)
+        res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url],
+                         ReplaySettings(run_id="k", seed=0, scrape_interval_s=None))
         assert all(r.error is None for r in res.records), [r.error for r in res.records if r.error]
         metrics = urllib.request.urlopen(gw.url + "/metrics").read().decode()
         assert f'lbbench_proxy_backend_healthy{{backend="{fleet.endpoints[1]}"}} 0' in metrics

@@ -9,7 +9,7 @@ from harness.conftest import poisson_requests
 from harness.test_live_vllm import _vllm_python_or_skip
 from lbbench.engines.vllm.emulator import free_port_range
 from lbbench.engines.vllm.launcher import launch
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.harness.text_prompts import endpoint_counter, prompt_length_mismatches, texts_for
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig
 from lbbench.routers import get_router
@@ -37,12 +37,12 @@ def test_proxy_in_front_of_real_vllm(tmp_path):
                                                   max_tokens=6, extra_body={"min_tokens": 6, "ignore_eos": True})
             assert chat.usage.completion_tokens == 6
             reqs = poisson_requests(24, 6.0, prompt=(16, 200), output=(4, 24))
-            res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url], run_id="lp",
-                             seed=0, scrape_interval_s=None)
+            res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url],
+                             ReplaySettings(run_id="lp", seed=0, scrape_interval_s=None))
             # text prompts, as for a gateway that takes only text: exact lengths by vLLM's own /tokenize
             texts, inexact = texts_for(reqs, endpoint_counter(urls[0], "tiny"))
             text_res = run_replay(reqs, get_router("round_robin", num_instances=1, seed=0), [gw.url],
-                                  run_id="lt", seed=0, scrape_interval_s=None, prompt_texts=texts)
+                                  ReplaySettings(run_id="lt", seed=0, scrape_interval_s=None, prompt_texts=texts))
     assert res.complete and all(r.error is None for r in res.records), [r.error for r in res.records if r.error]
     assert all(r.generated_tokens == r.output_tokens for r in res.records)
     assert text_res.complete and inexact == 0

@@ -7,7 +7,7 @@ from harness.conftest import poisson_requests
 
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.harness import replay as replay_mod
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.profiles import load_profile
 from lbbench.proxy.gateway import GatewayThread, ProxyConfig
 from lbbench.routers import get_router
@@ -26,8 +26,9 @@ def test_nothing_kept_for_finished_requests(tmp_path, monkeypatch):
         cfg = ProxyConfig(backends=list(fleet.endpoints), router=get_router("least_requests", num_instances=2),
                           health_interval_s=0.2)
         with GatewayThread(cfg) as gw:
-            res = run_replay(reqs, get_router("round_robin", num_instances=1), [gw.url], run_id="mem", seed=0,
-                             scrape_interval_s=None, out_dir=tmp_path, keep_token_times=False)
+            res = run_replay(reqs, get_router("round_robin", num_instances=1), [gw.url],
+                             ReplaySettings(run_id="mem", seed=0, scrape_interval_s=None, out_dir=tmp_path,
+                                            keep_token_times=False))
             g = gw.gateway
             assert res.complete and all(r.error is None for r in res.records)
             # the client has a stream's last bytes a moment before the proxy's handler returns: wait until the

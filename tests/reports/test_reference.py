@@ -3,8 +3,8 @@
 import polars as pl
 import pytest
 
-from lbbench.reports.reference import against_best_baseline, with_reference
-from lbbench.reports.summary import Slo, summarize
+from lbbench.metrics.reference import against_best_baseline, with_reference
+from lbbench.metrics.summary import Slo, summarize
 
 
 def _rows(router, sched, rate, seed, e2es):

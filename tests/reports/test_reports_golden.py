@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from lbbench.reports.load import load_runs
-from lbbench.reports.summary import summarize
+from lbbench.rundir import load_runs
+from lbbench.metrics.summary import summarize
 from lbbench.reports.tables import Slo, build_tables
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden"

@@ -14,7 +14,7 @@ import pytest
 from matplotlib.image import imread
 
 from lbbench.reports import plots
-from lbbench.reports.load import load_runs
+from lbbench.rundir import load_runs
 from lbbench.reports.report import build_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -101,7 +101,7 @@ def test_load_sweep_gets_latency_and_goodput_against_load(tmp_path):
     from click.testing import CliRunner
 
     from lbbench.cli import main
-    from lbbench.reports.summary import Slo
+    from lbbench.metrics.summary import Slo
 
     out = tmp_path / "sweep"
     res = CliRunner().invoke(main, ["run", "--router", "round_robin,jsq", "--rate", "3,30", "--jobs", "1",

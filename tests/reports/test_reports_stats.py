@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lbbench.reports.stats import (MEAN, Side, Stat, block_indices, bootstrap_change,
+from lbbench.metrics.stats import (MEAN, Side, Stat, block_indices, bootstrap_change,
                                    side_from_rows, t_quantile, welch_change_ci)
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lbbench.core import RECORD_FIELDS
-from lbbench.reports.summary import (METRIC_COLUMNS, SummaryError, derive, summarize,
+from lbbench.metrics.summary import (METRIC_COLUMNS, SummaryError, derive, summarize,
                                      summary_records)
 from lbbench.reports.synthetic import synthetic_requests
 

@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 
-from lbbench.reports.load import RunDirError, group_keys, load_runs
+from lbbench.rundir import RunDirError, group_keys, load_runs
 from lbbench.reports.report import build_report
 from lbbench.reports.synthetic import synthetic_requests, write_run
 from lbbench.reports.tables import Slo, balance_table, goodput_table, hardware_table
@@ -120,7 +120,7 @@ def test_timeline_falls_back_to_live_metrics(tmp_path, v100_run):
 
 
 def test_summarize_groups_with_null_keys():
-    from lbbench.reports.summary import summarize
+    from lbbench.metrics.summary import summarize
 
     df = pl.concat([
         synthetic_requests(routers=("round_robin", "jsq"), num_requests=30, seeds=(0,)),

@@ -10,7 +10,7 @@ import pytest
 
 from lbbench.experiment import RunConfig, run_experiment
 from lbbench.reports import plots
-from lbbench.reports.load import load_runs
+from lbbench.rundir import load_runs
 from lbbench.reports.report import build_report
 from lbbench.reports.tables import Slo
 

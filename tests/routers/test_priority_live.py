@@ -17,7 +17,7 @@ from lbbench.cli import main
 from lbbench.engines.vllm.emulator import EmulatorFleet, FleetConfig
 from lbbench.live.http import request_body
 from lbbench.engines.vllm.launcher import server_args
-from lbbench.harness.replay import run_replay
+from lbbench.harness.replay import ReplaySettings, run_replay
 from lbbench.routers import get_router
 from lbbench.priority import request_priority
 from factories import req, tiny_profile
@@ -69,9 +69,9 @@ def test_live_priority_order_through_an_emulated_server(senders):
     for sched in ("fcfs", "priority"):
         with EmulatorFleet(FleetConfig(prof, 1, scheduler=sched)) as fleet:
             prio = (lambda r, i: request_priority(r, prof)) if sched == "priority" else None
-            res = run_replay(reqs, get_router("round_robin", num_instances=1), fleet.endpoints, run_id="t",
-                             seed=0, scrape_interval_s=None, min_step_s=prof.min_step_s, priority_of=prio,
-                             warm_connections=len(reqs), **senders)
+            res = run_replay(reqs, get_router("round_robin", num_instances=1), fleet.endpoints,
+                             ReplaySettings(run_id="t", seed=0, scrape_interval_s=None, min_step_s=prof.min_step_s,
+                                            priority_of=prio, warm_connections=len(reqs), **senders))
         assert res.complete and all(r.error is None for r in res.records)
         order[sched] = [r.request_id for r in sorted(res.records, key=lambda r: r.first_token_s)]
     assert order["fcfs"] == [0, 1, 2, 3, 4]

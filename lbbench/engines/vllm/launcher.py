@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from ...errors import SetupError
+from . import tiny_model
 from .placement import Placement, PlacementError, available_cores, bind_current_process, bind_process, \
     cores_label, pin_client, plan_placement, shared_placement
 from .tiny_model import TINY_NAME
@@ -47,7 +49,7 @@ from .tiny_model import TINY_NAME
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-class LaunchError(RuntimeError):
+class LaunchError(SetupError):
     """A server could not be started (the message says which and why)."""
 
 
@@ -165,11 +167,9 @@ def resolve_model(model: str, vllm_python: str | None) -> tuple[str, str]:
     if model != TINY_NAME:
         return model, model
     try:
-        from .tiny_model import ensure_tiny_model
-        return str(ensure_tiny_model()), TINY_NAME
+        return str(tiny_model.ensure_tiny_model()), TINY_NAME
     except ImportError:
         # this environment lacks transformers: let the vLLM environment build it
-        from . import tiny_model
         py = find_vllm_python(vllm_python)
         if py is None:
             raise LaunchError("launch_model tiny: needs transformers here or a vLLM environment") from None

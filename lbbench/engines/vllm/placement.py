@@ -28,8 +28,10 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from ...errors import InputError
 
-class PlacementError(ValueError):
+
+class PlacementError(InputError):
     """A layout the machine cannot hold (the message names ``cpus_per_instance`` and the cores)."""
 
 

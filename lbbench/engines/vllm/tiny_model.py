@@ -75,8 +75,9 @@ def _corpus(num_lines: int = 20000, seed: int = 0) -> list[str]:
 
 
 def _build(out: Path) -> None:
-    import torch
-    from tokenizers import ByteLevelBPETokenizer
+    import torch  # lazy: the learn extra (or the vLLM environment's own packages)
+    from tokenizers import ByteLevelBPETokenizer  # lazy: the learn extra (or the vLLM environment's own packages)
+    # lazy: the learn extra (or the vLLM environment's own packages)
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     tok = ByteLevelBPETokenizer()

@@ -6,7 +6,7 @@ it). Only live runs are measurements: a simulated run (``backend = "sim"``) is r
 Each (rate, router) of the run is one experiment stage: ``id`` is ``<run_id>-<router>`` and ``stage`` the rate's
 index in increasing order; the seeds' requests are pooled.
 
-**Definitions**, as lbbench's summaries (``lbbench.reports.summary``) define them, over completed requests (no
+**Definitions**, as lbbench's summaries (``lbbench.metrics.summary``) define them, over completed requests (no
 error, a finish time), in ms: ``ttft = first_token_s - arrival_s`` and ``e2e = finish_s - arrival_s``, from the
 request's *scheduled* arrival (so the router's wait and any send lag count); per request
 ``(finish_s - first_token_s) / (generated_tokens - 1)`` -> ``itl_mean_ms`` (mean), ``tpot_p50_ms``, ``tpot_p99_ms``;
@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 import polars as pl
 
+from ...rundir import REQUESTS_FILE, RunDirError, load_runs
 from ..model_facts import ModelFacts
 from ..schema import MeasuredError, MeasuredRowError
 from .common import Imported, RawRow, rounded
@@ -38,8 +39,6 @@ from .common import Imported, RawRow, rounded
 
 def _read_run(path: Path) -> tuple[dict[str, Any], pl.DataFrame]:
     """``run.toml`` and the request rows of the one run directory at ``path`` (lbbench's run-directory reader)."""
-    from ...reports.load import RunDirError, load_runs
-
     try:
         runs = load_runs([path])
     except RunDirError as exc:
@@ -50,7 +49,7 @@ def _read_run(path: Path) -> tuple[dict[str, Any], pl.DataFrame]:
 
 
 def is_run(path: Path) -> bool:
-    return path.is_dir() and (path / "requests.parquet").is_file()
+    return path.is_dir() and (path / REQUESTS_FILE).is_file()
 
 
 def _ms_stats(x: np.ndarray) -> dict[str, float | None]:

@@ -63,6 +63,7 @@ import numpy as np
 from lbbench.core import ClusterView, Decision, Request
 from lbbench.errors import InputError
 from lbbench.routers.mixing import MixingParams, heuristic_prior, least_impact_instance, penalties
+from lbbench.routers.registry import get_router
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
 
 POLICY_FILE = "policy.npz"
@@ -357,7 +358,6 @@ class RLRouter:
         # falls back to that router, not to the speed-blind mixing heuristic
         self.fallback = None
         if meta.get("fallback"):
-            from lbbench.routers.registry import get_router
             self.fallback = get_router(str(meta["fallback"]), num_instances=num_instances, seed=seed)
         self.heuristic_only = bool(gate and (self.mixing is not None or self.fallback is not None)
                                    and (meta.get("gate") == "heuristic" or self.scheduler_mismatch))

@@ -44,10 +44,13 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import polars as pl
+
+from ..errors import InputError
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -67,7 +70,7 @@ _REQUIRED = ("router", "seed", "arrival_s", "dispatch_s", "first_token_s", "fini
              "generated_tokens")
 
 
-class SummaryError(ValueError):
+class SummaryError(InputError):
     """The requests frame lacks what a summary needs (message names the column)."""
 
 
@@ -273,3 +276,13 @@ def summary_records(df: Frame, by: Sequence[str] = ("router",), baseline: str = 
             if isinstance(v, float) and v != v:
                 row[k] = None
     return rows
+
+
+def to_json(summary: pl.DataFrame) -> str:
+    """A summary as JSON rows (NaN as null)."""
+    rows = summary.to_dicts()
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, float) and v != v:
+                row[k] = None
+    return json.dumps(rows, indent=2)

@@ -1,11 +1,11 @@
-"""Reading run directories for reports: lazy scans over many ``requests.parquet`` files.
+"""Reading run directories: one or many, lazily, and the tables of one.
 
-A run directory (written and read by ``lbbench.experiment.rundir``, whose file names this uses) holds
-``requests.parquet``, ``run.toml`` and, optionally, ``timeline.parquet`` (older live runs: the scraped
-``metrics.parquet``). ``load_runs`` accepts run directories, directories that
-contain run directories (one ``requests.parquet`` per sub-directory, any depth), or
-``requests.parquet`` files, and returns one lazy frame over all of them with a ``run``
-column naming where each row came from.
+A run directory (``lbbench.rundir``) holds ``requests.parquet``, ``run.toml`` and, optionally,
+``timeline.parquet`` (older live runs: the scraped ``metrics.parquet``), ``summary.parquet`` and
+``decisions.parquet``. ``load_runs`` accepts run directories, directories that contain run directories (one
+``requests.parquet`` per sub-directory, any depth), or ``requests.parquet`` files, and returns one lazy frame over
+all of them with a ``run`` column naming where each row came from. ``read_requests``, ``read_summary`` and
+``read_unit_tables`` read one run's tables; ``read_decisions`` the decisions of many.
 
 Which settings a report groups by is decided from the data: the router, plus every
 run-level setting (``SETTING_COLUMNS``) that takes more than one value across the loaded
@@ -21,14 +21,13 @@ from typing import Any, Sequence
 
 import polars as pl
 
-#: Run-level columns of ``requests.parquet`` that describe the configuration.
-SETTING_COLUMNS: tuple[str, ...] = ("profile", "workload", "num_instances", "instance_scheduler",
-                                    "chunked_prefill", "order", "rate_per_s", "backend")
+from ..errors import InputError
+from .layout import (DECISIONS_FILE, METRICS_FILE, REQUESTS_FILE, RUN_TOML, SETTING_COLUMNS, SUMMARY_FILE,
+                     TIMELINE_FILE)
+from .runtoml import read_run_toml
 
-from ..experiment.rundir import METRICS_FILE, REQUESTS_FILE, RUN_TOML, TIMELINE_FILE, read_run_toml  # noqa: E402
 
-
-class RunDirError(ValueError):
+class RunDirError(InputError):
     """A path given as a run cannot be read; the message names the path."""
 
 
@@ -54,6 +53,11 @@ class RunInfo:
                 return p
         return None
 
+    def timeline(self) -> pl.LazyFrame | None:
+        """The run's per-instance samples, scanned lazily (None when it has none)."""
+        path = self.timeline_path
+        return None if path is None else pl.scan_parquet(path)
+
 
 @dataclass
 class Runs:
@@ -68,8 +72,7 @@ class Runs:
 
     def timeline(self) -> pl.LazyFrame | None:
         """The runs' ``timeline.parquet`` rows (with ``run``), or None when no run has one."""
-        frames = [pl.scan_parquet(i.timeline_path).with_columns(run=pl.lit(i.label))
-                  for i in self.infos if i.timeline_path is not None]
+        frames = [tl.with_columns(run=pl.lit(i.label)) for i in self.infos if (tl := i.timeline()) is not None]
         if not frames:
             return None
         return pl.concat(frames, how="diagonal_relaxed")
@@ -160,3 +163,42 @@ def settings_of(lf: pl.LazyFrame, candidates: Sequence[str] = SETTING_COLUMNS) -
             vals = lf.select(pl.col(c).unique()).collect().to_series().to_list()
             out[c] = sorted(vals, key=lambda v: (v is None, str(v)))
     return out
+
+
+def read_requests(run_dir: Path | str) -> pl.DataFrame | None:
+    """One run's ``requests.parquet`` (None when it has none)."""
+    path = Path(run_dir) / REQUESTS_FILE
+    return pl.read_parquet(path) if path.is_file() else None
+
+
+def scan_requests(run_dir: Path | str) -> pl.LazyFrame | None:
+    """One run's ``requests.parquet``, scanned lazily (None when it has none)."""
+    path = Path(run_dir) / REQUESTS_FILE
+    return pl.scan_parquet(path) if path.is_file() else None
+
+
+def read_summary(run_dir: Path | str) -> pl.DataFrame:
+    """One run's ``summary.parquet``; ``RunDirError`` when it has none (the run did not finish)."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.is_file():
+        raise RunDirError(f"{run_dir}: no {SUMMARY_FILE} (the run did not finish)")
+    return pl.read_parquet(path)
+
+
+def has_decisions(run_dir: Path | str) -> bool:
+    return (Path(run_dir) / DECISIONS_FILE).is_file()
+
+
+def read_decisions(runs: Sequence[tuple[str, Path]]) -> pl.DataFrame | None:
+    """Every ``decisions.parquet`` of ``(label, run directory)``, with a ``run`` column; None when none."""
+    frames = [pl.read_parquet(p / DECISIONS_FILE).with_columns(run=pl.lit(label))
+              for label, p in runs if has_decisions(p)]
+    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+
+def read_unit_tables(run_dir: Path | str) -> tuple[pl.DataFrame | None, pl.DataFrame | None, pl.DataFrame | None]:
+    """One run's ``requests``, ``timeline`` and ``decisions`` tables, each None when absent (what
+    ``run.toml``'s ``[[units]]`` count rows of)."""
+    path = Path(run_dir)
+    return tuple(pl.read_parquet(path / name) if (path / name).is_file() else None  # type: ignore[return-value]
+                 for name in (REQUESTS_FILE, TIMELINE_FILE, DECISIONS_FILE))

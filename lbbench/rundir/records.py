@@ -7,7 +7,7 @@ client by about 2.4 MB a minute. ``RecordLog`` keeps none of them. Each record, 
   every record it had);
 - joins a buffer of at most ``chunk_rows`` rows, kept column by column, which is then written as the next
   Parquet chunk ``records-NNNNN.parquet`` — the ``requests.parquet`` columns and types, built as
-  ``lbbench.experiment.rundir.records_frame`` builds them, so the values are the very ones an in-memory frame
+  ``lbbench.rundir.layout.records_frame`` builds them, so the values are the very ones an in-memory frame
   of the records would hold.
 
 ``frame()`` writes what is buffered and scans the chunks lazily, in the order the requests ended (the order of
@@ -29,10 +29,8 @@ from pathlib import Path
 import polars as pl
 
 from ..core import RECORD_FIELDS, RequestRecord
+from .layout import CHUNK_GLOB, CHUNK_NAME, PARTIAL_RECORDS, RECORD_SCHEMA
 
-#: each record as its request ends, one JSON line (the partial records of an interrupted run)
-PARTIAL_RECORDS = "requests.partial.jsonl"
-CHUNK_GLOB = "records-*.parquet"
 #: rows a chunk holds: at 80 req/s a chunk every 13 s, a few ms to build and write, about 0.5 MB buffered
 CHUNK_ROWS = 1024
 
@@ -43,8 +41,6 @@ class RecordLog:
     ``load_workers``: the records carry ``load_worker`` (Int64), the worker that sent each request."""
 
     def __init__(self, out_dir: Path | None, load_workers: bool = False, chunk_rows: int | None = None):
-        from ..experiment.rundir import RECORD_SCHEMA  # the requests.parquet types
-
         self._tmp = None
         if out_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="lbbench-records-")
@@ -84,7 +80,7 @@ class RecordLog:
             return
         df = pl.DataFrame(dict(zip(self.schema, self._columns)), schema=self.schema)
         self._columns = [[] for _ in self.schema]
-        path = self.dir / f"records-{len(self._chunks):05d}.parquet"
+        path = self.dir / CHUNK_NAME.format(len(self._chunks))
         df.write_parquet(path)
         self._chunks.append(path)
 
