@@ -1,7 +1,7 @@
 """Profiles: one TOML file per model x hardware x engine setting.
 
-A profile gives the simulator its step-time model
-``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` (seconds), the
+A profile gives the simulator its step-time model (``Profile.step_model``, a ``lbbench.step_model.StepModel``:
+``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` seconds, ``LinearStepModel``), the
 paged KV cache (``num_kv_blocks`` of ``block_size`` tokens), the engine's limits,
 the paper's mixing parameters and a ``[source]`` table saying where each number
 came from. Comparing hardware is comparing profiles.
@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from .core import InstanceSpec
+from .step_model import LinearStepModel, StepModel, step_s
 
 
 class ProfileError(ValueError):
@@ -79,9 +81,15 @@ class Profile:
         """Single-stream decode rate used to convert seconds to tokens."""
         return 1.0 / self.min_step_s
 
+    @cached_property
+    def step_model(self) -> StepModel:
+        """The step-time model every simulated step of this profile goes through (``lbbench.step_model``)."""
+        return LinearStepModel(self.base_s, self.prefill_token_s, self.decode_seq_s, self.context_token_s)
+
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return (self.base_s + self.prefill_token_s * prefill_tokens + self.decode_seq_s * decode_seqs
-                + self.context_token_s * context_tokens)
+        """One step through ``step_model``: ``decode_seqs`` decoding sequences reading ``context_tokens`` of
+        KV beside one fresh prefill chunk of ``prefill_tokens``."""
+        return step_s(self.step_model, prefill_tokens, decode_seqs, context_tokens)
 
     def typical_decode_batch(self) -> int:
         """Sequences in a typical full decode batch: ``max_num_seqs``, or fewer when the KV cache holds

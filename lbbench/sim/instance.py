@@ -25,8 +25,9 @@ What is modelled (vLLM V1 scheduler semantics):
   default): at admission a request reuses its cached leading blocks and
   prefills only the rest; freed blocks stay cached until the free queue's LRU
   head is taken (``prefix_cache``);
-- step time ``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` from
-  the profile, where ``context_tokens`` is the KV read by the decoding sequences.
+- step time from the profile's step model (``lbbench.step_model``, e.g.
+  ``base + a*prefill_tokens + b*decode_seqs + c*context_tokens``), where the
+  context is the KV read by the decoding sequences.
 
 Speed: a step whose batch is *pure decode* with nothing admissible does not
 change composition until a request finishes, a KV block allocation would fail,
@@ -125,7 +126,12 @@ class SimInstance:
         # V0 without chunked prefill: prefill-only and decode-only steps; admission keeps a 1 % watermark
         self.v0 = p.scheduler == "v0" and not self.chunked_prefill
         self.watermark_blocks = int(0.01 * self.num_blocks) if self.v0 else 0
-        self._base, self._a, self._b, self._c = p.base_s, p.prefill_token_s, p.decode_seq_s, p.context_token_s
+        #: every step time goes through the profile's step model (``lbbench.step_model``); a pure-decode step's
+        #: cost without its context term, tabulated once per batch size (a decoding batch never exceeds
+        #: ``max_num_seqs``)
+        self.step_model = sm = p.step_model
+        self._decode_s = tuple(sm.decode_s(n) for n in range(self.max_num_seqs + 1))
+        self._c = sm.context_token_s
         if prefix_caching is None:
             prefix_caching = p.enable_prefix_caching
         self.cache: PrefixCache | None = PrefixCache(self.num_blocks, self.bs) if prefix_caching else None
@@ -449,7 +455,7 @@ class SimInstance:
                             k = min(fc - clock, self._max_alloc_steps())
                         break
                 c = self._c
-                self.seg_a = a = self._base + self._b * n + c * (self.sum_key + n * clock + n)
+                self.seg_a = a = self._decode_s[n] + c * (self.sum_key + n * clock + n)
                 self.seg_b = b = c * n
                 self.seg_sched = None
                 self.seg_t0 = t
@@ -458,11 +464,8 @@ class SimInstance:
                 if self.check_invariants:
                     self._assert_invariants([])
                 return
-        decode_a = self._base + self._b * n + self._c * (self.sum_key + n * clock + n)
-        if sched:
-            self.seg_a = decode_a + self._a * sum(need for _, need in sched)
-        else:
-            self.seg_a = decode_a + self._a * 0
+        decode_a = self._decode_s[n] + self._c * (self.sum_key + n * clock + n)
+        self.seg_a = decode_a + self.step_model.prefill_s([(r.num_computed, need) for r, need in sched or ()], n)
         self.seg_b = 0.0
         self.seg_sched = sched if sched is not None else []
         self.seg_t0 = t
@@ -545,7 +548,7 @@ class SimInstance:
         self._admit(self.budget, reserve, sched)
         if not sched:
             return False
-        self.seg_a = self._base + self._a * sum(need for _, need in sched)
+        self.seg_a = self._decode_s[0] + self.step_model.prefill_s([(r.num_computed, need) for r, need in sched], 0)
         self.seg_b = 0.0
         self.seg_sched = sched
         self.seg_prefill_only = True
