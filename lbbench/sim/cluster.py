@@ -24,7 +24,8 @@ Three ways to drive it:
 
 One event loop (``_run_events``) serves all three: ``run`` runs it to the end, ``run_until`` and ``advance`` to
 a time (routing at every epoch, or leaving arrivals in ``queue``). Instance wake-ups, most of the events, are
-handled inline in it; ``bench/sim_golden.py`` pins its records.
+handled inline in it (the instance's ``advance`` and ``_reschedule``, marked); ``bench/sim_golden.py`` pins
+its records.
 
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
@@ -345,7 +346,12 @@ class ClusterSim:
                         continue  # a wake-up superseded by a later plan of that instance
                     completed = self.num_completed
                     inst = insts[i]
-                    events = inst.advance(t)  # finishes are recorded as they happen (the finish hook)
+                    # inst.advance(t), inlined (hot); finishes are recorded as they happen (the finish hook)
+                    events: list[Event] = []
+                    limit = t + 1e-12
+                    while inst.seg_k and inst.seg_end <= limit:
+                        inst._finish_segment(inst.seg_end, events)
+                        inst._plan(events)
                     if events:  # no failures among them (an instance rejects a request only when it is added)
                         disp = self.dispatcher
                         if disp._on_event is None and type(disp) is Dispatcher:
@@ -358,7 +364,7 @@ class ClusterSim:
                     if te is not None:
                         self._seq += 1
                         heappush(heap, (te, _WAKE, self._seq, _WAKE, (i, ver)))
-                    if self.num_completed != completed:
+                    if self.num_completed != completed and len(self.dispatcher):
                         self._epoch()
                 elif kind == _ARRIVAL:  # a session's next turn
                     self.dispatcher.arrive(replace(data, arrival_s=t))  # type: ignore[type-var]

@@ -4,8 +4,9 @@ A planner rolls many alternative futures forward from the same decision epoch. E
 everything the future mutates, and nothing else:
 
 - per instance: the waiting queue, the running list, every engine-side request (``SimRequest``, copied once
-  and shared between the containers that name it, as in the original), the decode histogram and finish heap,
-  the step-end log, the segment in progress, the prefix cache when there is one;
+  and shared between the containers that name it, as in the original), the finish heap, the step-end log,
+  the segment in progress, and its KV block manager (counts, decode histogram, the prefix cache when there
+  is one);
 - the cluster: the event heap, the arrival cursor, the per-instance wake versions, dispatch times, pending
   session turns, counters, the records and completions so far;
 - the dispatcher's queue and the client-side ``ClusterState`` (its per-request entries included).
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..core import ClusterState, _Entry, _Instance
 from ..dispatch import Dispatcher
+from .block_manager import KVBlockManager
 from .instance import SimInstance, SimRequest
 
 if TYPE_CHECKING:
@@ -79,8 +81,17 @@ def fork_instance(inst: SimInstance) -> SimInstance:
     d["rejected"] = {k: rq(r) for k, r in inst.rejected.items()}
     if inst.seg_sched is not None:
         d["seg_sched"] = [(rq(r), need) for r, need in inst.seg_sched]
-    if inst.cache is not None:  # its entries name requests by id only
-        d["cache"] = copy.deepcopy(inst.cache)
+    d["kv"] = fork_manager(inst.kv)
+    new.__dict__.update(d)
+    return new
+
+
+def fork_manager(kv: KVBlockManager) -> KVBlockManager:
+    """An independent copy of an instance's KV block manager (its per-request slots travel with the requests)."""
+    new = KVBlockManager.__new__(KVBlockManager)
+    d = {k: _plain(v) for k, v in kv.__dict__.items()}
+    if kv.cache is not None:  # its entries name requests by id only
+        d["cache"] = copy.deepcopy(kv.cache)
     new.__dict__.update(d)
     return new
 
