@@ -13,7 +13,10 @@ simulator keeps that split. ``KVBlockManager`` owns:
   the free queue and LRU eviction), when prefix caching is on;
 - the decode histogram: decoding requests counted by ``(num_computed - clock) mod block_size``, so that the
   blocks a pure-decode step needs (and how many such steps fit) are known in O(1) or O(block_size) rather
-  than per request. The scheduler's step clock drives it, the manager owns it.
+  than per request. The scheduler's step clock drives it, the manager owns it;
+- KV events (``kv_events.py``): ``subscribe(callback)`` and every cached block stored or evicted is
+  published, as vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; nothing is built while
+  nobody subscribes.
 
 The scheduler (``scheduler.py``) asks for room and gives it back: ``lookup`` and ``allocate_slots`` (an
 admission or a prefill chunk), ``allocate_decode_block`` (one decoding request at a block boundary),
@@ -32,6 +35,7 @@ from bisect import bisect_right
 from itertools import accumulate
 from typing import Iterable
 
+from .kv_events import KVCacheEvent, KVEventCallback
 from .prefix_cache import Hit, PrefixCache, block_keys
 from .request import SimRequest
 
@@ -50,6 +54,39 @@ class KVBlockManager:
         #: need a new block in the step at ``clock``
         self.hist = [0] * block_size
         self.cache: PrefixCache | None = PrefixCache(num_blocks, block_size) if prefix_caching else None
+        self._subscribers: list[KVEventCallback] = []
+
+    # ------------------------------------------------------------------ KV events
+    def subscribe(self, callback: KVEventCallback) -> None:
+        """Call ``callback(event)`` for every KV event from now on (in order, as they happen)."""
+        self._subscribers.append(callback)
+        if self.cache is not None:
+            self.cache.emit = self._publish
+
+    def unsubscribe(self, callback: KVEventCallback) -> None:
+        self._subscribers.remove(callback)
+        if not self._subscribers and self.cache is not None:
+            self.cache.emit = None
+
+    def _publish(self, ev: KVCacheEvent) -> None:
+        for callback in self._subscribers:
+            callback(ev)
+
+    def cached_hashes(self) -> set[int]:
+        """The keys of the blocks the prefix cache holds now (evictions due are made, and published, first)."""
+        cache = self.cache
+        if cache is None:
+            return set()
+        cache.settle(self.num_blocks - self.num_used_blocks)
+        return set(cache.ref)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block (vLLM's ``reset_prefix_cache``, publishing ``AllBlocksCleared``); refused
+        (False, nothing changed) while any block is in use, as vLLM refuses it."""
+        if self.num_used_blocks or self.cache is None:
+            return False
+        self.cache.reset()
+        return True
 
     # ------------------------------------------------------------------ what a scheduler or a router reads
     @property

@@ -44,6 +44,7 @@ from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
 from .instance import SimInstance, SimRequest
+from .kv_events import KVCacheEvent
 
 
 class SimEvent(IntEnum):
@@ -264,6 +265,14 @@ class ClusterSim:
                     rows.append(PendingWork(i, r.request, r.num_computed, r.generated))
         rows.extend(PendingWork(None, r, 0, 0) for r in self.dispatcher.queue)
         return rows
+
+    def subscribe_kv_events(self, callback: Callable[[int, float, KVCacheEvent], None]) -> None:
+        """Call ``callback(instance, time_s, event)`` for every KV cache event of every instance from now on
+        (``lbbench.sim.kv_events``: blocks stored in or evicted from an instance's prefix cache, as vLLM
+        publishes them); ``time_s`` is the instance's last step boundary. The hook through which a router
+        will see the instances' caches, possibly late; a clone does not inherit subscribers."""
+        for inst in self.instances:
+            inst.kv.subscribe(lambda ev, inst=inst: callback(inst.index, inst.now_s, ev))
 
     # ------------------------------------------------------------------ routing
     def set_router(self, router: Router, label: str | None = None) -> None:

@@ -23,7 +23,6 @@ containers that hold engine-side requests remapped, so an attribute added to ``S
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -87,11 +86,13 @@ def fork_instance(inst: SimInstance) -> SimInstance:
 
 
 def fork_manager(kv: KVBlockManager) -> KVBlockManager:
-    """An independent copy of an instance's KV block manager (its per-request slots travel with the requests)."""
+    """An independent copy of an instance's KV block manager (its per-request slots travel with the requests).
+    A fork is a rollout: it publishes no KV events to the original's subscribers."""
     new = KVBlockManager.__new__(KVBlockManager)
     d = {k: _plain(v) for k, v in kv.__dict__.items()}
-    if kv.cache is not None:  # its entries name requests by id only
-        d["cache"] = copy.deepcopy(kv.cache)
+    d["_subscribers"] = []
+    if kv.cache is not None:
+        d["cache"] = kv.cache.fork()
     new.__dict__.update(d)
     return new
 
