@@ -66,6 +66,12 @@ class Profile:
     #: automatic prefix caching (``[kv] enable_prefix_caching``; off unless set, so results made without it
     #: stay put, although vLLM V1 enables it by default)
     enable_prefix_caching: bool = False
+    #: a CPU tier for KV blocks, as vLLM's offloading connector keeps one (``[kv] cpu_offload_blocks``; 0: none,
+    #: the default). It needs ``kv_bytes_per_block`` (bytes of one block's KV, all layers) and
+    #: ``cpu_link_bytes_s`` (the host-to-device link, e.g. PCIe), which time a load (``lbbench.sim.offload``)
+    cpu_offload_blocks: int = 0
+    kv_bytes_per_block: float = 0.0
+    cpu_link_bytes_s: float = 0.0
     #: what the profile models physically (``model_config``, ``gpu``, ``dtype``, ``tp``, efficiency factors):
     #: lets ``lbbench profiles`` show the implied prefill MFU and decode bandwidth utilization
     physics: dict[str, Any] = field(default_factory=dict)
@@ -180,9 +186,25 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
     if not isinstance(apc, bool):
         raise ProfileError(f"{p}: kv.enable_prefix_caching must be true or false, not {apc!r}")
     kw["enable_prefix_caching"] = apc
+    _offload_fields(data["kv"], kw, p)
     prof = Profile(**kw)
     _validate(prof, p)
     return prof
+
+
+def _offload_fields(kv: dict[str, Any], kw: dict[str, Any], p: Path) -> None:
+    """``[kv] cpu_offload_blocks``, ``kv_bytes_per_block``, ``cpu_link_bytes_s`` (all optional; a CPU tier
+    needs the two others)."""
+    n = kv.get("cpu_offload_blocks", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ProfileError(f"{p}: kv.cpu_offload_blocks must be a whole number >= 0, not {n!r}")
+    kw["cpu_offload_blocks"] = n
+    for key in ("kv_bytes_per_block", "cpu_link_bytes_s"):
+        v = kv.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (n and v <= 0):
+            need = "> 0 (a CPU tier, kv.cpu_offload_blocks > 0, needs it)" if n else ">= 0"
+            raise ProfileError(f"{p}: kv.{key} must be a number {need}, not {v!r}")
+        kw[key] = float(v)
 
 
 def _validate(prof: Profile, p: Path) -> None:

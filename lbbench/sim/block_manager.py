@@ -16,7 +16,12 @@ simulator keeps that split. ``KVBlockManager`` owns:
   than per request. The scheduler's step clock drives it, the manager owns it;
 - KV events (``kv_events.py``): ``subscribe(callback)`` and every cached block stored or evicted is
   published, as vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``; nothing is built while
-  nobody subscribes.
+  nobody subscribes;
+- the CPU tier (``offload.py``, when the profile asks for one): every full keyed block is stored to it as it
+  is computed, and ``lookup`` reports the blocks after the GPU hit that it can load; ``allocate_load``
+  starts such a load, ``finish_load`` caches the loaded blocks on the GPU when it is done;
+- export and import of a request's blocks (``export``, ``import_blocks``), for a KV transfer between
+  instances.
 
 The scheduler (``scheduler.py``) asks for room and gives it back: ``lookup`` and ``allocate_slots`` (an
 admission or a prefill chunk), ``allocate_decode_block`` (one decoding request at a block boundary),
@@ -36,6 +41,7 @@ from itertools import accumulate
 from typing import Iterable
 
 from .kv_events import KVCacheEvent, KVEventCallback
+from .offload import CpuTier
 from .prefix_cache import Hit, PrefixCache, block_keys
 from .request import SimRequest
 
@@ -44,7 +50,7 @@ class KVBlockManager:
     """Paged KV blocks of one instance: counts, the decode histogram, the prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
-                 watermark_blocks: int = 0):
+                 watermark_blocks: int = 0, cpu: CpuTier | None = None):
         self.num_blocks = num_blocks
         self.block_size = block_size
         #: blocks kept free when a waiting request is admitted while others run
@@ -54,19 +60,26 @@ class KVBlockManager:
         #: need a new block in the step at ``clock``
         self.hist = [0] * block_size
         self.cache: PrefixCache | None = PrefixCache(num_blocks, block_size) if prefix_caching else None
+        if cpu is not None and self.cache is None:
+            raise ValueError("a CPU KV tier finds blocks by their prefix hashes: it needs prefix caching")
+        self.cpu = cpu
         self._subscribers: list[KVEventCallback] = []
 
     # ------------------------------------------------------------------ KV events
     def subscribe(self, callback: KVEventCallback) -> None:
         """Call ``callback(event)`` for every KV event from now on (in order, as they happen)."""
         self._subscribers.append(callback)
-        if self.cache is not None:
-            self.cache.emit = self._publish
+        self._wire(self._publish)
 
     def unsubscribe(self, callback: KVEventCallback) -> None:
         self._subscribers.remove(callback)
-        if not self._subscribers and self.cache is not None:
-            self.cache.emit = None
+        if not self._subscribers:
+            self._wire(None)
+
+    def _wire(self, emit: KVEventCallback | None) -> None:
+        for part in (self.cache, self.cpu):
+            if part is not None:
+                part.emit = emit
 
     def _publish(self, ev: KVCacheEvent) -> None:
         for callback in self._subscribers:
@@ -85,6 +98,8 @@ class KVBlockManager:
         (False, nothing changed) while any block is in use, as vLLM refuses it."""
         if self.num_used_blocks or self.cache is None:
             return False
+        if self.cpu is not None:
+            self.cpu.clear()
         self.cache.reset()
         return True
 
@@ -117,7 +132,16 @@ class KVBlockManager:
         if cache is None or r.num_computed or not (r.keys or r.own_entry is not None):
             return None
         cache.settle(self.num_blocks - self.num_used_blocks)
-        return cache.peek(r)
+        hit = cache.peek(r)
+        cpu = self.cpu
+        if cpu is None or not r.keys:
+            return hit
+        keys = r.keys
+        cpu.touch(keys[:r.num_tokens // self.block_size])  # vLLM touches the request's blocks at every lookup
+        if hit.own:
+            return hit
+        n = cpu.lookup(keys, hit.named, min(len(keys), (r.num_tokens - 1) // self.block_size))
+        return Hit(hit.named, 0, hit.from_free, n) if n else hit
 
     def allocate_slots(self, r: SimRequest, num_new_tokens: int, hit: Hit | None = None,
                        reserve_blocks: int = 0) -> int | None:
@@ -131,6 +155,8 @@ class KVBlockManager:
         else:
             computed, held, taken = hit.blocks * bs, hit.blocks, hit.from_free
         grow = -(-(computed + num_new_tokens) // bs) - held
+        if grow < 0:  # a request back from a CPU load holds blocks for its whole prompt already
+            grow = 0
         if grow + taken > self.num_blocks - self.num_used_blocks - reserve_blocks:
             return None
         cache = self.cache
@@ -145,6 +171,8 @@ class KVBlockManager:
         if cache is not None and r.keys:  # the new blocks came off the free queue's head first
             cache.settle(self.num_blocks - self.num_used_blocks)
             cache.register(r, (computed + num_new_tokens) // bs)
+            if self.cpu is not None:
+                self._store(r, (computed + num_new_tokens) // bs)
         return grow
 
     def allocate_decode_block(self) -> bool:
@@ -163,7 +191,61 @@ class KVBlockManager:
         else:
             cache.settle(self.num_blocks - self.num_used_blocks)
             self.num_used_blocks -= cache.release(r, r.num_computed // self.block_size, r.blocks, preempted)
+            if self.cpu is not None and r.keys:
+                self._store(r, r.num_computed // self.block_size)
         r.blocks = 0
+
+    # ------------------------------------------------------------------ the CPU tier
+    def _store(self, r: SimRequest, full_blocks: int) -> None:
+        """Store ``r``'s computed full keyed blocks not stored yet (vLLM's per-step store of a request)."""
+        stop = min(full_blocks, len(r.keys))
+        if r.n_stored >= stop:
+            return
+        cpu = self.cpu
+        stored = cpu.store(r.keys[r.n_stored:stop])  # type: ignore[union-attr]
+        if stored is None:
+            return  # no room: the next blocks try again
+        r.n_stored = stop
+        if stored:
+            cpu.touch(r.keys[:stop])  # type: ignore[union-attr]
+
+    def allocate_load(self, r: SimRequest, hit: Hit, reserve_blocks: int, now_s: float) -> float | None:
+        """Admit ``r`` to load ``hit.cpu`` blocks from the CPU tier after its GPU hit; returns when the load
+        completes, or None (nothing changed) when the blocks do not fit. ``r`` holds the hit's blocks, new
+        blocks for the loaded ones and, unlike vLLM, those for the rest of its prompt too, from now on: a
+        request back from a load then needs no block to be admitted, so requests waiting with blocks can
+        never hold what the one ahead of them needs while nothing runs (vLLM can hang there). Its cached
+        prompt tokens count the GPU hit and the loaded blocks."""
+        bs = self.block_size
+        taken, grow = hit.from_free, -(-r.num_tokens // bs) - hit.named
+        if grow + taken > self.num_blocks - self.num_used_blocks - reserve_blocks:
+            return None
+        cache, cpu = self.cache, self.cpu
+        cache.acquire(r, hit)  # type: ignore[union-attr]
+        if r.num_preemptions == 0:
+            r.cached_tokens = (hit.named + hit.cpu) * bs
+        r.blocks = hit.named + grow
+        r.n_loading = hit.cpu
+        self.num_used_blocks += taken + grow
+        cache.settle(self.num_blocks - self.num_used_blocks)  # type: ignore[union-attr]
+        return cpu.load(r.keys[hit.named:hit.named + hit.cpu], now_s)  # type: ignore[union-attr]
+
+    def finish_load(self, r: SimRequest) -> int:
+        """``r``'s load is done: the loaded blocks are cached on the GPU (held by ``r``) and free to leave
+        the CPU tier. Returns the tokens ``r`` now has computed."""
+        named, n = r.n_reg, r.n_reg + r.n_loading
+        self.cpu.release(r.keys[named:n])  # type: ignore[union-attr]
+        self.cache.register(r, n)  # type: ignore[union-attr]
+        r.n_stored = max(r.n_stored, n)
+        r.n_loading = 0
+        return n * self.block_size
+
+    def cancel_load(self, r: SimRequest) -> None:
+        """``r`` leaves while its load runs: its blocks are freed (the link still carries the load)."""
+        self.cpu.release(r.keys[r.n_reg:r.n_reg + r.n_loading])  # type: ignore[union-attr]
+        r.n_loading = 0
+        r.num_computed = 0
+        self.free(r)
 
     # ------------------------------------------------------------------ decoding requests (the step clock)
     def start_decoding(self, key: int) -> None:

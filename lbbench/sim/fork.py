@@ -5,8 +5,8 @@ everything the future mutates, and nothing else:
 
 - per instance: the waiting queue, the running list, every engine-side request (``SimRequest``, copied once
   and shared between the containers that name it, as in the original), the finish heap, the step-end log,
-  the segment in progress, and its KV block manager (counts, decode histogram, the prefix cache when there
-  is one);
+  the segment in progress, the loads from the CPU tier in flight, and its KV block manager (counts, decode
+  histogram, the prefix cache and the CPU tier when there are);
 - the cluster: the event heap, the arrival cursor, the per-instance wake versions, dispatch times, pending
   session turns, counters, the records and completions so far;
 - the dispatcher's queue and the client-side ``ClusterState`` (its per-request entries included).
@@ -80,6 +80,7 @@ def fork_instance(inst: SimInstance) -> SimInstance:
     d["rejected"] = {k: rq(r) for k, r in inst.rejected.items()}
     if inst.seg_sched is not None:
         d["seg_sched"] = [(rq(r), need) for r, need in inst.seg_sched]
+    d["loading"] = deque((t, rq(r)) for t, r in inst.loading)
     d["kv"] = fork_manager(inst.kv)
     new.__dict__.update(d)
     return new
@@ -93,6 +94,8 @@ def fork_manager(kv: KVBlockManager) -> KVBlockManager:
     d["_subscribers"] = []
     if kv.cache is not None:
         d["cache"] = kv.cache.fork()
+    if kv.cpu is not None:
+        d["cpu"] = kv.cpu.fork()
     new.__dict__.update(d)
     return new
 

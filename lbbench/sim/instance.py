@@ -21,7 +21,7 @@ Per request the instance keeps the clock ranges in which it produced tokens; wit
 from __future__ import annotations
 
 import heapq
-import math
+from collections import deque
 from typing import Callable
 
 import numpy as np
@@ -53,7 +53,8 @@ class SimInstance(SimScheduler):
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        """Requests waiting, those loading KV from the CPU tier included (vLLM counts them waiting)."""
+        return len(self.waiting) + len(self.loading)
 
     @property
     def kv_usage(self) -> float:
@@ -113,14 +114,11 @@ class SimInstance(SimScheduler):
     def _replan_at(self, now_s: float, events: list[Event]) -> None:
         """Something reached the instance at ``now_s``: plan a step now when idle; otherwise the step in
         progress runs with the old batch, and the instance re-plans at its end."""
-        if self.seg_k == 0:
+        if self.seg_k == 0 or (self.seg_prefill_only and not self.seg_sched):  # idle, or only waiting for a load
             self.now_s = max(self.now_s, now_s)
             self._plan(events)
         else:
-            m = self._steps_done_by(now_s - self.seg_t0)
-            if m + 1 < self.seg_k:
-                self.seg_k = k = m + 1
-                self.seg_end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
+            self._cut_segment(now_s)
 
     def advance(self, until_s: float) -> list[Event]:
         """Run every step that ends at or before ``until_s``."""
@@ -146,28 +144,11 @@ class SimInstance(SimScheduler):
         elif r in self.running:
             self._free(r)
             self.running.remove(r)
+        else:  # loading from the CPU tier
+            self.loading = deque(item for item in self.loading if item[1] is not r)
+            self.kv.cancel_load(r)
 
     # ------------------------------------------------------------------ timing helpers
-    def _cum(self, k: int) -> float:
-        return k * self.seg_a + self.seg_b * k * (k - 1) * 0.5
-
-    def _steps_done_by(self, dt: float) -> int:
-        """Largest m with _cum(m) <= dt (steps of the current segment finished by then)."""
-        if dt <= 0:
-            return 0
-        a, b = self.seg_a, self.seg_b
-        if b <= 0:
-            m = int(dt / a)
-        else:
-            # b/2 m^2 + (a - b/2) m - dt = 0
-            h = a - 0.5 * b
-            m = int((-h + math.sqrt(h * h + 2 * b * dt)) / b)
-        while m > 0 and self._cum(m) > dt:
-            m -= 1
-        while self._cum(m + 1) <= dt:
-            m += 1
-        return min(m, self.seg_k)
-
     def _log_steps(self, t0: float, k: int) -> None:
         c = self.clock
         need = c + k

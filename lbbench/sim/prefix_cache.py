@@ -60,12 +60,13 @@ def block_keys(request: Request, block_size: int) -> list[int]:
 
 class Hit:
     """What an admission would reuse: ``named`` leading keyed blocks, ``own`` blocks of the
-    request's group left from a preemption; ``from_free`` of them sit in the free queue."""
+    request's group left from a preemption; ``from_free`` of them sit in the free queue. ``cpu``:
+    the blocks after them that a CPU tier can load (``offload.py``; set by the block manager)."""
 
-    __slots__ = ("named", "own", "from_free")
+    __slots__ = ("named", "own", "from_free", "cpu")
 
-    def __init__(self, named: int, own: int, from_free: int):
-        self.named, self.own, self.from_free = named, own, from_free
+    def __init__(self, named: int, own: int, from_free: int, cpu: int = 0):
+        self.named, self.own, self.from_free, self.cpu = named, own, from_free, cpu
 
     @property
     def blocks(self) -> int:

@@ -20,7 +20,8 @@ class SimRequest:
         "decoding", "c0", "g0", "key", "version", "ranges", "extra_times", "num_preemptions",
         "first_token_s", "finish_s",
         # KV block manager
-        "blocks", "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens", "hit_memo")
+        "blocks", "keys", "held", "n_reg", "own_entry", "n_named_prev", "cached_tokens", "hit_memo", "n_stored",
+        "n_loading")
 
     def __init__(self, request: Request):
         self.request = request
@@ -51,6 +52,8 @@ class SimRequest:
         self.n_named_prev = -1
         self.cached_tokens: int | None = None  # prompt tokens reused at its first admission
         self.hit_memo: tuple | None = None  # (cache version, Hit) of its last lookup
+        self.n_stored = 0  # leading keyed blocks stored in the CPU tier so far (offload.py)
+        self.n_loading = 0  # blocks being loaded from the CPU tier, after its GPU hit
 
     @property
     def num_tokens(self) -> int:

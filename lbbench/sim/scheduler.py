@@ -21,13 +21,16 @@ an arithmetic series. ``SimInstance`` (``instance.py``) runs the planned segment
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from typing import Callable
 
 from ..core import Event, Preempted, Request
+from ..errors import InputError
 from ..priority import request_priority
 from ..profiles import Profile
 from .block_manager import KVBlockManager
+from .offload import CpuTier
 from .request import SimRequest
 
 INSTANCE_SCHEDULERS = ("fcfs", "bin_packing", "least_work_left", "priority")
@@ -56,9 +59,15 @@ class SimScheduler:
             p.max_num_batched_tokens, p.max_model_len)
         # V0 without chunked prefill: prefill-only and decode-only steps; admission keeps a 1 % watermark
         self.v0 = p.scheduler == "v0" and not self.chunked_prefill
-        self.kv = KVBlockManager(self.num_blocks, self.bs,
-                                 prefix_caching=p.enable_prefix_caching if prefix_caching is None else prefix_caching,
-                                 watermark_blocks=int(0.01 * self.num_blocks) if self.v0 else 0)
+        caching = p.enable_prefix_caching if prefix_caching is None else prefix_caching
+        cpu = None
+        if p.cpu_offload_blocks:
+            if not caching:
+                raise InputError(f"profile {p.name}: its CPU KV tier (kv.cpu_offload_blocks) finds blocks by their "
+                                 "prefix hashes and needs prefix caching on", "prefix_caching")
+            cpu = CpuTier(p.cpu_offload_blocks, self.bs, p.kv_bytes_per_block, p.cpu_link_bytes_s)
+        self.kv = KVBlockManager(self.num_blocks, self.bs, prefix_caching=caching,
+                                 watermark_blocks=int(0.01 * self.num_blocks) if self.v0 else 0, cpu=cpu)
         #: every step time goes through the profile's step model; a pure-decode step's cost without its
         #: context term is tabulated once per batch size (a decoding batch never exceeds ``max_num_seqs``)
         self.step_model = sm = p.step_model
@@ -66,6 +75,8 @@ class SimScheduler:
         self._c = sm.context_token_s
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        #: (load done, request) of the requests loading KV from the CPU tier, in the link's order
+        self.loading: deque[tuple[float, SimRequest]] = deque()
         self.reqs: dict[int, SimRequest] = {}
         self.num_preemptions = 0
         self.clock = 0  # decode steps run so far
@@ -80,7 +91,9 @@ class SimScheduler:
         self.seg_a = 0.0  # its first step's time
         self.seg_b = 0.0  # how much each further step is longer
         self.seg_sched: list[tuple[SimRequest, int]] | None = None  # a single step's prefill work: (request, tokens)
-        self.seg_prefill_only = False  # V0: the step in progress prefills only (decodes paused)
+        #: the step in progress is off the decode clock: a V0 prefill-only step (decodes paused), or a wait for
+        #: a load from the CPU tier that runs nothing
+        self.seg_prefill_only = False
         self.now_s = 0.0  # time of the last step boundary
 
     #: the priority policy's source of a request's priority (default: its predicted work,
@@ -134,7 +147,14 @@ class SimScheduler:
         r.num_computed = 0
         r.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(r)
+        waiting = self.waiting
+        if self.kv.cpu is None or not waiting or not waiting[0].blocks:
+            waiting.appendleft(r)
+        else:  # behind the requests back from a CPU load, which hold their blocks and go first
+            i = 1
+            while i < len(waiting) and waiting[i].blocks:
+                i += 1
+            waiting.insert(i, r)
         events.append(Preempted(r.rid, self.index, now_s))
 
     # ------------------------------------------------------------------ policies
@@ -177,10 +197,12 @@ class SimScheduler:
         Decoding requests are not listed in the schedule: they follow the step clock. ``seg_sched`` holds only
         the prefill work of the step.
         """
+        if self.loading:
+            self._complete_loads()
         running = self.running
         waiting = self.waiting
         if not running and not waiting:
-            self.seg_k = 0
+            self._plan_idle()
             return
         t = self.now_s
         self.seg_prefill_only = False
@@ -219,8 +241,11 @@ class SimScheduler:
                 self._admit(self.budget - n - sum(need for _, need in sched), 0, sched)
         if not sched:
             if not n:
+                if preempted and not running:  # the step preempted all that ran: what waits is admitted now
+                    self._plan(events)  # (only requests back from a CPU load can hold the blocks it missed)
+                    return
                 # nothing fits (every waiting request needs more than is free and nothing runs)
-                self.seg_k = 0
+                self._plan_idle()
                 return
             if not preempted:
                 # pure decode: repeat until a finish, a failing allocation, or an external event
@@ -244,12 +269,65 @@ class SimScheduler:
                 self.seg_t0 = t
                 self.seg_k = k
                 self.seg_end = t + (k * a + b * k * (k - 1) * 0.5)
+                if self.loading:  # re-plan once the step in progress when the next load completes ends
+                    self._cut_segment(self.loading[0][0])
                 if self.check_invariants:
                     self._assert_invariants([])
                 return
         decode_a = self._decode_s[n] + self._c * (self.sum_key + n * clock + n)
         self.seg_a = decode_a + self.step_model.prefill_s([(r.num_computed, need) for r, need in sched or ()], n)
         self._plan_one_step(t, sched if sched is not None else [])
+
+    def _plan_idle(self) -> None:
+        """Nothing can run now: stay idle, or, while a load from the CPU tier runs, wait for it (a step
+        off the decode clock that runs nothing)."""
+        if not self.loading:
+            self.seg_k = 0
+            return
+        t = self.now_s
+        self.seg_prefill_only = True
+        self.seg_a = max(self.loading[0][0] - t, 0.0)
+        self._plan_one_step(t, [])
+        self.seg_end = max(self.loading[0][0], t)  # exactly when the load completes
+
+    def _complete_loads(self) -> None:
+        """Loads done by now: their requests hold their loaded blocks as computed and go back to the head of
+        the waiting queue (in the order the loads ran)."""
+        loading, done = self.loading, []
+        limit = self.now_s + 1e-12
+        while loading and loading[0][0] <= limit:
+            r = loading.popleft()[1]
+            r.num_computed = self.kv.finish_load(r)
+            done.append(r)
+        self.waiting.extendleft(reversed(done))
+
+    def _cut_segment(self, t: float) -> None:
+        """The step of the segment in progress that runs at ``t`` becomes its last: the instance re-plans at
+        its end (something reaches the instance, or a load completes, at ``t``)."""
+        m = self._steps_done_by(t - self.seg_t0)
+        if m + 1 < self.seg_k:
+            self.seg_k = k = m + 1
+            self.seg_end = self.seg_t0 + (k * self.seg_a + self.seg_b * k * (k - 1) * 0.5)
+
+    def _cum(self, k: int) -> float:
+        return k * self.seg_a + self.seg_b * k * (k - 1) * 0.5
+
+    def _steps_done_by(self, dt: float) -> int:
+        """Largest m with _cum(m) <= dt (steps of the current segment finished by then)."""
+        if dt <= 0:
+            return 0
+        a, b = self.seg_a, self.seg_b
+        if b <= 0:
+            m = int(dt / a)
+        else:
+            # b/2 m^2 + (a - b/2) m - dt = 0
+            h = a - 0.5 * b
+            m = int((-h + math.sqrt(h * h + 2 * b * dt)) / b)
+        while m > 0 and self._cum(m) > dt:
+            m -= 1
+        while self._cum(m + 1) <= dt:
+            m += 1
+        return min(m, self.seg_k)
 
     def _plan_one_step(self, t: float, sched: list[tuple[SimRequest, int]]) -> None:
         """The step at ``t`` runs alone (``seg_a`` is its time): it prefills ``sched``."""
@@ -270,8 +348,19 @@ class SimScheduler:
         fcfs = self.scheduler == "fcfs"
         max_seqs, chunked = self.max_num_seqs, self.chunked_prefill
         while waiting and budget > 0 and len(running) < max_seqs:
-            r = waiting[0] if fcfs else self._pick_waiting()
+            # requests back from a CPU load hold their blocks and wait at the head: they go first
+            r = waiting[0] if fcfs or waiting[0].blocks else self._pick_waiting()
             hit = kv.lookup(r) if kv.cache is not None else None  # the cached prefix it would reuse
+            if hit is not None and hit.cpu:  # blocks to load from the CPU tier first
+                done_s = kv.allocate_load(r, hit, reserve_blocks, self.now_s)
+                if done_s is None:
+                    break
+                if r is waiting[0]:
+                    waiting.popleft()
+                else:
+                    waiting.remove(r)
+                self.loading.append((done_s, r))
+                continue
             computed = hit.blocks * self.bs if hit is not None else r.num_computed
             need = r.prompt_tokens + r.generated - computed
             if need > budget:
@@ -374,4 +463,6 @@ class SimScheduler:
         assert decoding + sum(need for _, need in sched) <= self.budget, "token budget exceeded"
         assert len(self.running) <= self.max_num_seqs, "max_num_seqs exceeded"
         assert self.n_dec == sum(1 for r in self.running if r.decoding)
-        self.kv.check(self.running, self.clock, decode_growth=bool(self.n_dec) and not self.seg_prefill_only)
+        # blocks are held by the running requests, those loading from the CPU tier and those back from a load
+        holders = self.running + [r for _, r in self.loading] + [r for r in self.waiting if r.blocks]
+        self.kv.check(holders, self.clock, decode_growth=bool(self.n_dec) and not self.seg_prefill_only)

@@ -121,6 +121,15 @@ def build_shared(items, g):
     return out
 
 
+def assert_each_finishes_once(recs, reqs) -> None:
+    """Every request has one record, complete, in time order, with fewer cached tokens than its prompt."""
+    assert sorted(r.request_id for r in recs) == [r.request_id for r in reqs]
+    for r in recs:
+        assert r.error is None and r.generated_tokens == r.output_tokens
+        assert r.arrival_s <= r.dispatch_s <= r.first_token_s <= r.finish_s
+        assert 0 <= r.cached_prompt_tokens < r.prompt_tokens
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=items_st, n_inst=st.integers(1, 3), chunked=st.booleans(), blocks=st.integers(35, 120),
        sched=st.sampled_from(["fcfs", "bin_packing", "priority"]), engine=st.sampled_from(["v1", "v0"]),
@@ -132,11 +141,7 @@ def test_cache_invariants_and_hit_bound(items, n_inst, chunked, blocks, sched, e
     # queue, an evicted one is never held, the counts add up
     sim = ClusterSim(prof, n_inst, reqs, instance_scheduler=sched, check_invariants=True, prefix_caching=True)
     recs = sim.run(RR(n_inst))
-    assert sorted(r.request_id for r in recs) == [r.request_id for r in reqs]  # each finishes once
-    for r in recs:
-        assert r.error is None and r.generated_tokens == r.output_tokens
-        assert r.arrival_s <= r.dispatch_s <= r.first_token_s <= r.finish_s
-        assert 0 <= r.cached_prompt_tokens < r.prompt_tokens
+    assert_each_finishes_once(recs, reqs)
     for inst in sim.instances:
         assert inst.used_blocks == 0 and inst.kv.cache.num_shared == 0
         assert all(n == 0 for n in inst.kv.cache.ref.values())
