@@ -50,9 +50,11 @@ class KVBlockManager:
     """Paged KV blocks of one instance: counts, the decode histogram, the prefix cache."""
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
-                 watermark_blocks: int = 0, cpu: CpuTier | None = None):
+                 watermark_blocks: int = 0, cpu: CpuTier | None = None, bytes_per_block: float = 0.0):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        #: bytes of one block's KV (all layers), what a transfer of it carries; 0 when unknown
+        self.bytes_per_block = bytes_per_block
         #: blocks kept free when a waiting request is admitted while others run
         self.watermark_blocks = watermark_blocks
         self.num_used_blocks = 0
@@ -182,6 +184,11 @@ class KVBlockManager:
         self.num_used_blocks += 1
         return True
 
+    def free_decode_block(self) -> None:
+        """Give back a block ``allocate_decode_block`` (or a decode step's demand) handed out for a step
+        that its request will not run (it left)."""
+        self.num_used_blocks -= 1
+
     def free(self, r: SimRequest, preempted: bool = False) -> None:
         """``r`` (not decoding) gives its blocks back; its full keyed blocks stay cached in the free queue,
         and after a preemption what is left of its own blocks stays reusable by it (prefix caching on)."""
@@ -194,6 +201,33 @@ class KVBlockManager:
             if self.cpu is not None and r.keys:
                 self._store(r, r.num_computed // self.block_size)
         r.blocks = 0
+
+    # ------------------------------------------------------------------ export / import (KV transfer)
+    def export(self, r: SimRequest, num_computed: int) -> tuple[int, tuple[int, ...], float]:
+        """What a transfer of ``r``'s KV (``num_computed`` tokens) carries: its block count, the keys of its
+        full keyed blocks, and its bytes (``bytes_per_block`` each; 0 when the profile does not say)."""
+        num_blocks = -(-num_computed // self.block_size)
+        keys = tuple(r.keys[:num_computed // self.block_size]) if self.cache is not None else ()
+        return num_blocks, keys, num_blocks * self.bytes_per_block
+
+    def import_blocks(self, r: SimRequest, num_computed: int) -> int | None:
+        """``r`` arrives with the KV of ``num_computed`` tokens computed elsewhere: allocate its blocks as
+        computed, with room for its next token, so that it runs without prefill. Its full keyed blocks are
+        cached here (and stored to the CPU tier). Returns the blocks allocated, or None (nothing changed)
+        when they do not fit."""
+        bs = self.block_size
+        grow = -(-(num_computed + 1) // bs)
+        if grow > self.num_blocks - self.num_used_blocks:
+            return None
+        self.num_used_blocks += grow
+        r.blocks = grow
+        cache = self.cache
+        if cache is not None and r.keys:
+            cache.settle(self.num_blocks - self.num_used_blocks)
+            cache.register(r, num_computed // bs)
+            if self.cpu is not None:
+                self._store(r, num_computed // bs)
+        return grow
 
     # ------------------------------------------------------------------ the CPU tier
     def _store(self, r: SimRequest, full_blocks: int) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -31,7 +32,22 @@ from ..profiles import Profile
 from .request import SimRequest
 from .scheduler import INSTANCE_SCHEDULERS, SimScheduler
 
-__all__ = ["INSTANCE_SCHEDULERS", "SimInstance", "SimRequest"]
+__all__ = ["INSTANCE_SCHEDULERS", "KVTransfer", "SimInstance", "SimRequest"]
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """What moving a request's KV to another instance carries (``SimInstance.export``): the request, its
+    blocks (count, the keys of its full keyed blocks, bytes), how far it got, and the times of the tokens it
+    made before the move."""
+
+    request: Request
+    num_blocks: int
+    block_hashes: tuple[int, ...]
+    num_bytes: float
+    num_computed_tokens: int
+    generated_tokens: int
+    token_times_s: tuple[float, ...]
 
 
 class SimInstance(SimScheduler):
@@ -134,6 +150,41 @@ class SimInstance(SimScheduler):
             self._plan(events)
         return events
 
+    def export(self, rid: int) -> KVTransfer:
+        """What a KV transfer of request ``rid`` (decoding here: its prefill is done) needs, for prefill /
+        decode disaggregation. Nothing changes here: the caller ``abort``s the request once it is moved."""
+        r = self.reqs[rid]
+        if not r.decoding:
+            raise ValueError(f"request {rid}: only a decoding request's KV can be exported (prefill first)")
+        clock = self.clock
+        num_computed = r.key + clock
+        num_blocks, keys, num_bytes = self.kv.export(r, num_computed)
+        return KVTransfer(r.request, num_blocks, keys, num_bytes, num_computed, r.g0 + clock - r.c0,
+                          tuple(float(t) for t in self.token_times(r, clock)))
+
+    def import_blocks(self, transfer: KVTransfer, now_s: float) -> list[Event] | None:
+        """Take over a request exported from another instance at ``now_s`` (``advance(now_s)`` first): its
+        blocks are allocated as computed and it decodes from its next step on, with no prefill (its next token
+        is one step's token). Returns the events of that re-plan, or None (nothing changed) when its blocks
+        do not fit. It waits, holding its blocks, at the head of the waiting queue (behind other holders)."""
+        r = SimRequest(transfer.request)
+        if (transfer.generated_tokens < 1 or transfer.generated_tokens >= r.output_tokens
+                or r.prompt_tokens + r.output_tokens > self.max_model_len):
+            raise ValueError(f"request {r.rid}: cannot be imported (made {transfer.generated_tokens} of "
+                             f"{r.output_tokens} tokens, max_model_len {self.max_model_len})")
+        self.kv.add_request(r)
+        if self.kv.import_blocks(r, transfer.num_computed_tokens) is None:
+            return None
+        r.num_computed = transfer.num_computed_tokens
+        r.generated = transfer.generated_tokens
+        r.first_token_s = transfer.token_times_s[0]
+        r.extra_times = list(transfer.token_times_s)
+        self.reqs[r.rid] = r
+        self._wait_behind_holders(r)
+        events: list[Event] = []
+        self._replan_at(now_s, events)
+        return events
+
     def abort(self, rid: int) -> None:
         """Remove a request (client went away); frees its blocks."""
         r = self.reqs.pop(rid, None)
@@ -141,9 +192,16 @@ class SimInstance(SimScheduler):
             return
         if r in self.waiting:
             self.waiting.remove(r)
+            if r.blocks:  # back from a CPU load, or imported: it holds its blocks while it waits
+                self.kv.free(r)
         elif r in self.running:
+            # a decoding request at a block boundary got a block for the step in progress: it goes back too
+            step_block = (r.decoding and self.seg_k and not self.seg_prefill_only
+                          and not (r.key + self.clock) % self.bs)
             self._free(r)
             self.running.remove(r)
+            if step_block:
+                self.kv.free_decode_block()
         else:  # loading from the CPU tier
             self.loading = deque(item for item in self.loading if item[1] is not r)
             self.kv.cancel_load(r)
@@ -220,10 +278,12 @@ class SimInstance(SimScheduler):
     # hook for the cluster to collect finished requests
     _on_finish: Callable[[SimRequest], None] = staticmethod(lambda r: None)
 
-    def token_times(self, r: SimRequest) -> np.ndarray:
-        """Times of every token of a finished (or frozen) request."""
+    def token_times(self, r: SimRequest, clock: int | None = None) -> np.ndarray:
+        """Times of every token of a finished (or frozen) request, or, given the ``clock``, of a decoding
+        request's tokens so far."""
         ends = self._ends
-        parts = [ends[a - 1:b] for a, b in r.ranges]
+        ranges = r.ranges if clock is None else r.ranges[:-1] + [(r.ranges[-1][0], clock)]
+        parts = [ends[a - 1:b] for a, b in ranges]
         if r.extra_times:
             parts.append(r.extra_times)
             times = np.concatenate(parts)

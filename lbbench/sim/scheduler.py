@@ -67,7 +67,8 @@ class SimScheduler:
                                  "prefix hashes and needs prefix caching on", "prefix_caching")
             cpu = CpuTier(p.cpu_offload_blocks, self.bs, p.kv_bytes_per_block, p.cpu_link_bytes_s)
         self.kv = KVBlockManager(self.num_blocks, self.bs, prefix_caching=caching,
-                                 watermark_blocks=int(0.01 * self.num_blocks) if self.v0 else 0, cpu=cpu)
+                                 watermark_blocks=int(0.01 * self.num_blocks) if self.v0 else 0, cpu=cpu,
+                                 bytes_per_block=p.kv_bytes_per_block)
         #: every step time goes through the profile's step model; a pure-decode step's cost without its
         #: context term is tabulated once per batch size (a decoding batch never exceeds ``max_num_seqs``)
         self.step_model = sm = p.step_model
@@ -147,15 +148,21 @@ class SimScheduler:
         r.num_computed = 0
         r.num_preemptions += 1
         self.num_preemptions += 1
-        waiting = self.waiting
-        if self.kv.cpu is None or not waiting or not waiting[0].blocks:
-            waiting.appendleft(r)
-        else:  # behind the requests back from a CPU load, which hold their blocks and go first
-            i = 1
-            while i < len(waiting) and waiting[i].blocks:
-                i += 1
-            waiting.insert(i, r)
+        self._wait_behind_holders(r)
         events.append(Preempted(r.rid, self.index, now_s))
+
+    def _wait_behind_holders(self, r: SimRequest) -> None:
+        """Queue ``r`` at the front of the waiting queue, but behind the waiting requests that hold blocks
+        (those back from a CPU load or imported from another instance: they need no new block to run and go
+        first, so that requests waiting with blocks never starve the head of the queue)."""
+        waiting = self.waiting
+        if not waiting or not waiting[0].blocks:  # no holder (always so without a CPU tier or imports)
+            waiting.appendleft(r)
+            return
+        i = 1
+        while i < len(waiting) and waiting[i].blocks:
+            i += 1
+        waiting.insert(i, r)
 
     # ------------------------------------------------------------------ policies
     def _pick_waiting(self) -> SimRequest:
