@@ -27,6 +27,7 @@ so records made through the seam are bit-identical to those made before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Protocol, Sequence, runtime_checkable
 
 
@@ -62,7 +63,7 @@ class LinearStepModel:
         return self.base_s + self.decode_seq_s * num_decode
 
     def prefill_s(self, chunks: Sequence[tuple[int, int]], num_decode: int) -> float:
-        return self.prefill_token_s * sum(tokens for _, tokens in chunks)
+        return self.prefill_token_s * sum(map(itemgetter(1), chunks))
 
 
 def step_s(model: StepModel, prefill_tokens: int, num_decode: int, context_tokens: int) -> float:

@@ -26,7 +26,7 @@ simulator keeps that split. ``KVBlockManager`` owns:
 The scheduler (``scheduler.py``) asks for room and gives it back: ``lookup`` and ``allocate_slots`` (an
 admission or a prefill chunk), ``allocate_decode_block`` (one decoding request at a block boundary),
 ``max_decode_steps`` and ``allocate_decode_steps`` (how many pure-decode steps fit, and their blocks),
-``start_decoding`` / ``stop_decoding`` (the histogram) and ``free``. A method that can fail returns ``None``
+``start_decoding`` (the histogram), ``free`` and ``free_decoding``. A method that can fail returns ``None``
 or ``False`` and leaves the state as it was. Two of the scheduler's hottest paths count blocks inline, on the
 manager's own state and marked as such in ``scheduler.py``: the block demand of a pure-decode step
 (``hist[(-clock) % block_size]`` blocks, allocated when they fit) and, when every running request decodes,
@@ -286,10 +286,12 @@ class KVBlockManager:
         """A request starts decoding with ``num_computed - clock == key``."""
         self.hist[key % self.block_size] += 1
 
-    def stop_decoding(self, r: SimRequest, key: int, num_computed: int) -> None:
-        """``r`` stops decoding with ``num_computed`` tokens computed: its block count is frozen."""
+    def free_decoding(self, r: SimRequest, key: int, preempted: bool = False) -> None:
+        """A decoding request (its counters frozen at ``r.num_computed``, ``key`` its histogram key) finishes
+        or is preempted: it leaves the histogram, its block count is frozen, and its blocks are freed."""
         self.hist[key % self.block_size] -= 1
-        r.blocks = -(-num_computed // self.block_size)
+        r.blocks = -(-r.num_computed // self.block_size)
+        self.free(r, preempted)
 
     def max_decode_steps(self, clock: int, num_decode: int) -> int:
         """Largest ``k`` such that the block demand of the pure-decode steps 2..k after the step at ``clock``

@@ -19,13 +19,28 @@ Three ways to drive it:
 - rollouts (planner, teachers, counterfactuals): ``clone()`` a simulator,
   ``set_router`` on the copy, ``send`` any dispatches decided by hand,
   ``run_until(t_s)``, then read ``records`` and ``pending_work()``. Event kinds
-  are named by ``SimEvent``. These and the step-wise methods are the public
-  face.
+  are named by ``SimEvent``.
 
 One event loop (``_run_events``) serves all three: ``run`` runs it to the end, ``run_until`` and ``advance`` to
 a time (routing at every epoch, or leaving arrivals in ``queue``). Instance wake-ups, most of the events, are
 handled inline in it (the instance's ``advance`` and ``_reschedule``, marked); ``bench/sim_golden.py`` pins
 its records.
+
+The public face, besides the methods above (``view``, ``next_event_s``, ``arm_timer``, ``timer_pending``,
+``subscribe_kv_events``, ``done``, ``num_instances``, ``next_arrival_s``, ``queue``): these attributes, read by
+the planner, the teachers, the RL environment and the decision traces. Read them; change the simulator only
+through its methods (a router is set with ``set_router``).
+
+- ``records``: the ``RequestRecord`` of every request done so far, in completion order;
+- ``requests``: the workload (first turns of sessions), in arrival order; ``profiles``: one per instance
+  (``profile`` is the first);
+- ``dispatcher``: the ``lbbench.dispatch.Dispatcher`` the simulator drives: its ``queue``, the dispatches
+  ``decided`` in the epoch in progress, its ``guard`` (an ``EpochGuard`` a planner may set on a fork), and
+  ``decide`` / ``dispatch`` for an epoch decided outside the loop (then ``send``);
+- ``state``: the client-side ``ClusterState`` the lifecycle events feed (``view`` reads it);
+- ``instances``: the ``SimInstance``s (their counters, and ``kv``, each one's block manager);
+- ``timeline`` (the samples), ``completions_log`` (``(finish time, request id)``), ``now_s``,
+  ``num_completed``.
 
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
@@ -239,8 +254,10 @@ class ClusterSim:
     def queue(self) -> Sequence[Request]:
         return self.dispatcher.queue
 
-    def view(self) -> ClusterView:
-        return self.dispatcher.view()
+    def view(self, detail: bool | None = None) -> ClusterView:
+        """The cluster as a client sees it now (``state.view``); ``detail``: with per-request entries (default:
+        as the router in charge asks, ``needs_detail``)."""
+        return self.dispatcher.view() if detail is None else self.state.view(detail=detail)
 
     def clone(self) -> "ClusterSim":
         """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,

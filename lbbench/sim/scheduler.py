@@ -124,14 +124,14 @@ class SimScheduler:
             r.extra_times.append(off_clock_s)
 
     def _stop_decoding(self, r: SimRequest) -> None:
-        """Freeze the counters of a decoding request (before preemption or finish)."""
+        """Freeze the counters of a decoding request (before preemption or finish; the block manager's
+        ``free_decoding`` follows)."""
         clock = self.clock
         key = r.key
         r.generated = r.g0 + (clock - r.c0)
-        r.num_computed = n = key + clock
+        r.num_computed = key + clock
         r.decoding = False
         self.n_dec -= 1
-        self.kv.stop_decoding(r, key, n)
         self.sum_key -= key
         r.version += 1
         ranges = r.ranges
@@ -140,7 +140,9 @@ class SimScheduler:
     def _free(self, r: SimRequest, preempted: bool = False) -> None:
         if r.decoding:
             self._stop_decoding(r)
-        self.kv.free(r, preempted)
+            self.kv.free_decoding(r, r.key, preempted)
+        else:
+            self.kv.free(r, preempted)
 
     def _preempt(self, r: SimRequest, now_s: float, events: list[Event]) -> None:
         self._free(r, preempted=True)
@@ -148,7 +150,11 @@ class SimScheduler:
         r.num_computed = 0
         r.num_preemptions += 1
         self.num_preemptions += 1
-        self._wait_behind_holders(r)
+        waiting = self.waiting
+        if waiting and waiting[0].blocks:
+            self._wait_behind_holders(r)
+        else:  # no request waits holding blocks (always so without a CPU tier or imports)
+            waiting.appendleft(r)
         events.append(Preempted(r.rid, self.index, now_s))
 
     def _wait_behind_holders(self, r: SimRequest) -> None:

@@ -55,8 +55,9 @@ def test_decode_blocks_and_the_histogram():
     kv.allocate_decode_steps(0, 11, 3)
     assert kv.num_used_blocks == 2 + (0 + 0 + 1 + 2 + 0 + 0 + 1 + 2 + 0 + 0)
     r = sreq(0, 4)
-    kv.stop_decoding(r, 4, 13)  # stops at 13 computed tokens: it holds 4 blocks
-    assert r.blocks == 4 and kv.hist == [1, 1, 0, 0]
+    r.num_computed = 13  # the decoder of key 4 stops at 13 computed tokens: it held 4 blocks
+    kv.free_decoding(r, 4)
+    assert r.blocks == 0 and kv.num_used_blocks == 8 - 4 and kv.hist == [1, 1, 0, 0]
 
 
 def test_a_cached_prefix_is_found_and_held():
