@@ -1,7 +1,7 @@
 """Profiles: one TOML file per model x hardware x engine setting.
 
-A profile gives the simulator its step-time model
-``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` (seconds), the
+A profile gives the simulator its step-time model (``Profile.step_model``, a ``lbbench.step_model.StepModel``:
+``base + a*prefill_tokens + b*decode_seqs + c*context_tokens`` seconds, ``LinearStepModel``), the
 paged KV cache (``num_kv_blocks`` of ``block_size`` tokens), the engine's limits,
 the paper's mixing parameters and a ``[source]`` table saying where each number
 came from. Comparing hardware is comparing profiles.
@@ -21,7 +21,7 @@ from typing import Any
 from .core import InstanceSpec
 from .errors import InputError
 from .roofline import RooflineEfficiency, RooflineError, RooflineShape, RooflineStepModel
-from .step_model import LinearStepModel, StepModel
+from .step_model import LinearStepModel, StepModel, step_s
 
 
 class ProfileError(InputError):
@@ -74,6 +74,12 @@ class Profile:
     #: automatic prefix caching (``[kv] enable_prefix_caching``; off unless set, so results made without it
     #: stay put, although vLLM V1 enables it by default)
     enable_prefix_caching: bool = False
+    #: a CPU tier for KV blocks, as vLLM's offloading connector keeps one (``[kv] cpu_offload_blocks``; 0: none,
+    #: the default). It needs ``kv_bytes_per_block`` (bytes of one block's KV, all layers) and
+    #: ``cpu_link_bytes_s`` (the host-to-device link, e.g. PCIe), which time a load (``lbbench.sim.offload``)
+    cpu_offload_blocks: int = 0
+    kv_bytes_per_block: float = 0.0
+    cpu_link_bytes_s: float = 0.0
     #: what the profile models physically (``model_config``, ``gpu``, ``dtype``, ``tp``, efficiency factors):
     #: lets ``lbbench profiles`` show the implied prefill MFU and decode bandwidth utilization
     physics: dict[str, Any] = field(default_factory=dict)
@@ -103,11 +109,9 @@ class Profile:
         return 1.0 / self.min_step_s
 
     def step_time_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        """A step of one fresh prompt chunk of ``prefill_tokens``, ``decode_seqs`` decodes and their
-        ``context_tokens`` of KV, by the step model."""
-        m = self.step_model
-        chunks = ((0, prefill_tokens),) if prefill_tokens else ()
-        return m.decode_s(decode_seqs) + m.context_token_s * context_tokens + m.prefill_s(chunks, decode_seqs)
+        """One step through ``step_model``: ``decode_seqs`` decoding sequences reading ``context_tokens`` of
+        KV beside one fresh prefill chunk of ``prefill_tokens``."""
+        return step_s(self.step_model, prefill_tokens, decode_seqs, context_tokens)
 
     def typical_decode_batch(self) -> int:
         """Sequences in a typical full decode batch: ``max_num_seqs``, or fewer when the KV cache holds
@@ -216,6 +220,7 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
     if not isinstance(apc, bool):
         raise ProfileError(f"{p}: kv.enable_prefix_caching must be true or false, not {apc!r}")
     kw["enable_prefix_caching"] = apc
+    _offload_fields(data["kv"], kw, p)
     prof = Profile(**kw)
     _validate(prof, p)
     if prof.roofline:
@@ -224,6 +229,21 @@ def profile_from_dict(data: dict[str, Any], origin: str | Path) -> Profile:
         except (RooflineError, TypeError) as exc:
             raise ProfileError(f"{p}: {exc}") from None
     return prof
+
+
+def _offload_fields(kv: dict[str, Any], kw: dict[str, Any], p: Path) -> None:
+    """``[kv] cpu_offload_blocks``, ``kv_bytes_per_block``, ``cpu_link_bytes_s`` (all optional; a CPU tier
+    needs the two others)."""
+    n = kv.get("cpu_offload_blocks", 0)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ProfileError(f"{p}: kv.cpu_offload_blocks must be a whole number >= 0, not {n!r}")
+    kw["cpu_offload_blocks"] = n
+    for key in ("kv_bytes_per_block", "cpu_link_bytes_s"):
+        v = kv.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (n and v <= 0):
+            need = "> 0 (a CPU tier, kv.cpu_offload_blocks > 0, needs it)" if n else ">= 0"
+            raise ProfileError(f"{p}: kv.{key} must be a number {need}, not {v!r}")
+        kw[key] = float(v)
 
 
 def _validate(prof: Profile, p: Path) -> None:

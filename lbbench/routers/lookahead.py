@@ -463,7 +463,7 @@ def _plan(sim: ClusterSim, params: LookaheadParams, pending: Sequence[tuple[Requ
     if not queue:
         return None, 0, False
     tau = instance_costs(sim)  # computed once per simulator; its forks are given it
-    view = sim.state.view(detail=True)
+    view = sim.view(detail=True)
     base = make_base(params.base, sim.num_instances, seed, sim.profile)
     base_action = base.route(queue, view, sim.now_s)
     cands = [c for c in _candidates(queue, view, params.reorder, params.k) if c != base_action]

@@ -19,9 +19,28 @@ Three ways to drive it:
 - rollouts (planner, teachers, counterfactuals): ``clone()`` a simulator,
   ``set_router`` on the copy, ``send`` any dispatches decided by hand,
   ``run_until(t_s)``, then read ``records`` and ``pending_work()``. Event kinds
-  are named by ``SimEvent``. These and the step-wise methods are the public
-  face; ``run``'s loop inlines the hot path behind them
-  (``bench/sim_golden.py`` pins its records).
+  are named by ``SimEvent``.
+
+One event loop (``_run_events``) serves all three: ``run`` runs it to the end, ``run_until`` and ``advance`` to
+a time (routing at every epoch, or leaving arrivals in ``queue``). Instance wake-ups, most of the events, are
+handled inline in it (the instance's ``advance`` and ``_reschedule``, marked); ``bench/sim_golden.py`` pins
+its records.
+
+The public face, besides the methods above (``view``, ``next_event_s``, ``arm_timer``, ``timer_pending``,
+``subscribe_kv_events``, ``done``, ``num_instances``, ``next_arrival_s``, ``queue``): these attributes, read by
+the planner, the teachers, the RL environment and the decision traces. Read them; change the simulator only
+through its methods (a router is set with ``set_router``).
+
+- ``records``: the ``RequestRecord`` of every request done so far, in completion order;
+- ``requests``: the workload (first turns of sessions), in arrival order; ``profiles``: one per instance
+  (``profile`` is the first);
+- ``dispatcher``: the ``lbbench.dispatch.Dispatcher`` the simulator drives: its ``queue``, the dispatches
+  ``decided`` in the epoch in progress, its ``guard`` (an ``EpochGuard`` a planner may set on a fork), and
+  ``decide`` / ``dispatch`` for an epoch decided outside the loop (then ``send``);
+- ``state``: the client-side ``ClusterState`` the lifecycle events feed (``view`` reads it);
+- ``instances``: the ``SimInstance``s (their counters, and ``kv``, each one's block manager);
+- ``timeline`` (the samples), ``completions_log`` (``(finish time, request id)``), ``now_s``,
+  ``num_completed``.
 
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
@@ -40,6 +59,7 @@ from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished
 from ..dispatch import Dispatcher, Router
 from ..profiles import Profile
 from .instance import SimInstance, SimRequest
+from .kv_events import KVCacheEvent
 
 
 class SimEvent(IntEnum):
@@ -234,8 +254,10 @@ class ClusterSim:
     def queue(self) -> Sequence[Request]:
         return self.dispatcher.queue
 
-    def view(self) -> ClusterView:
-        return self.dispatcher.view()
+    def view(self, detail: bool | None = None) -> ClusterView:
+        """The cluster as a client sees it now (``state.view``); ``detail``: with per-request entries (default:
+        as the router in charge asks, ``needs_detail``)."""
+        return self.dispatcher.view() if detail is None else self.state.view(detail=detail)
 
     def clone(self) -> "ClusterSim":
         """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,
@@ -260,6 +282,14 @@ class ClusterSim:
                     rows.append(PendingWork(i, r.request, r.num_computed, r.generated))
         rows.extend(PendingWork(None, r, 0, 0) for r in self.dispatcher.queue)
         return rows
+
+    def subscribe_kv_events(self, callback: Callable[[int, float, KVCacheEvent], None]) -> None:
+        """Call ``callback(instance, time_s, event)`` for every KV cache event of every instance from now on
+        (``lbbench.sim.kv_events``: blocks stored in or evicted from an instance's prefix cache, as vLLM
+        publishes them); ``time_s`` is the instance's last step boundary. The hook through which a router
+        will see the instances' caches, possibly late; a clone does not inherit subscribers."""
+        for inst in self.instances:
+            inst.kv.subscribe(lambda ev, inst=inst: callback(inst.index, inst.now_s, ev))
 
     # ------------------------------------------------------------------ routing
     def set_router(self, router: Router, label: str | None = None) -> None:
@@ -310,50 +340,88 @@ class ClusterSim:
             return
         self.send(self.dispatcher.decide(self.now_s))
 
-    # ------------------------------------------------------------------ event loop
-    def _step_event(self) -> None:
-        reqs = self.requests
-        na = self._next_arrival
-        heap = self._heap
-        ta = reqs[na].arrival_s if na < len(reqs) else _INF
-        th = heap[0][0] if heap else _INF
-        if ta < th or (ta == th and heap[0][1] > _ARRIVAL):
-            if ta > self.now_s:
-                self.now_s = ta
-            self._next_arrival += 1
-            self.dispatcher.arrive(reqs[na])
-            self._epoch()
-            return
-        t, kind, _, _, data = heapq.heappop(heap)
-        if kind == _WAKE and data[1] != self._wake_version[data[0]]:  # type: ignore[index]
-            if t > self.now_s:
-                self.now_s = t
-            return  # a wake-up superseded by a later plan of that instance
-        if t > self.now_s:
-            self.now_s = t
-        if kind == _WAKE:
-            i = data[0]  # type: ignore[index]
-            done = self._observe(self.instances[i].advance(t))
-            self._reschedule(i)
-            if done:
-                self._epoch()
-        elif kind == _ARRIVAL:  # a session's next turn
-            req = replace(data, arrival_s=t)  # type: ignore[type-var]
-            self.dispatcher.arrive(req)
-            self._epoch()
-        elif kind == _TIMER:
-            self._timer_pending = False
-            self._epoch()
-        elif kind == _SAMPLE:
-            for inst in self.instances:
-                self.timeline.append(MetricsSample(inst.index, t, inst.num_running, inst.num_waiting,
-                                                   inst.kv_usage, inst.num_preemptions,
-                                                   inst.prefix_cache_hit_rate))
-            if not self.done:
-                self._push(t + self.timeline_interval_s, _SAMPLE, None)  # type: ignore[operator]
+    # ------------------------------------------------------------------ the event loop
+    def _run_events(self, until_s: float) -> None:
+        """The event loop, the only one: process events in order (``SimEvent``: at equal times instance
+        wake-ups, then arrivals, then the Δt timer, then samples) until the next one is later than ``until_s``
+        or every request is done. ``run``, ``run_until`` and the step-wise ``advance`` all drive it; ``_auto``
+        says whether decision epochs route (off in step-wise driving, where ``dispatch`` routes)."""
+        reqs, heap, insts, wake_version = self.requests, self._heap, self.instances, self._wake_version
+        n_reqs = len(reqs)
+        heappop, heappush = heapq.heappop, heapq.heappush
+        while self.num_completed < self.num_requests:
+            na = self._next_arrival
+            if heap:
+                top = heap[0]
+                t = top[0]
+                if na < n_reqs:
+                    ta = reqs[na].arrival_s
+                    if ta < t or (ta == t and top[1] > _ARRIVAL):
+                        if ta > until_s:
+                            break
+                        self._arrive_next()
+                        continue
+                if t > until_s:
+                    break
+                _, kind, _, _, data = heappop(heap)
+                if t > self.now_s:
+                    self.now_s = t
+                if kind == _WAKE:  # most events: an instance's step (segment of steps) ends
+                    i, ver = data  # type: ignore[misc]
+                    if ver != wake_version[i]:
+                        continue  # a wake-up superseded by a later plan of that instance
+                    completed = self.num_completed
+                    inst = insts[i]
+                    # inst.advance(t), inlined (hot); finishes are recorded as they happen (the finish hook)
+                    events: list[Event] = []
+                    limit = t + 1e-12
+                    while inst.seg_k and inst.seg_end <= limit:
+                        inst._finish_segment(inst.seg_end, events)
+                        inst._plan(events)
+                    if events:  # no failures among them (an instance rejects a request only when it is added)
+                        disp = self.dispatcher
+                        if disp._on_event is None and type(disp) is Dispatcher:
+                            disp.state.apply_all(events)
+                        else:
+                            self._observe(events)
+                    # _reschedule(i), inlined (hot)
+                    wake_version[i] = ver = ver + 1
+                    te = inst.seg_end if inst.seg_k else inst.next_event_s()
+                    if te is not None:
+                        self._seq += 1
+                        heappush(heap, (te, _WAKE, self._seq, _WAKE, (i, ver)))
+                    if self.num_completed != completed and len(self.dispatcher):
+                        self._epoch()
+                elif kind == _ARRIVAL:  # a session's next turn
+                    self.dispatcher.arrive(replace(data, arrival_s=t))  # type: ignore[type-var]
+                    self._epoch()
+                elif kind == _TIMER:
+                    self._timer_pending = False
+                    self._epoch()
+                else:
+                    self._sample(t)
+            elif na < n_reqs:
+                if reqs[na].arrival_s > until_s:
+                    break
+                self._arrive_next()
+            else:
+                break
 
-    def _has_events(self) -> bool:
-        return self._next_arrival < len(self.requests) or bool(self._heap)
+    def _arrive_next(self) -> None:
+        """The next request of the workload list reaches the router."""
+        req = self.requests[self._next_arrival]
+        self._next_arrival += 1
+        if req.arrival_s > self.now_s:
+            self.now_s = req.arrival_s
+        self.dispatcher.arrive(req)
+        self._epoch()
+
+    def _sample(self, t: float) -> None:
+        for inst in self.instances:
+            self.timeline.append(MetricsSample(inst.index, t, inst.num_running, inst.num_waiting, inst.kv_usage,
+                                               inst.num_preemptions, inst.prefix_cache_hit_rate))
+        if not self.done:
+            self._push(t + self.timeline_interval_s, _SAMPLE, None)  # type: ignore[operator]
 
     def next_event_s(self) -> float:
         """Time of the next event (an arrival or a queued event; inf when none is left)."""
@@ -365,28 +433,13 @@ class ClusterSim:
         ``run`` does), or until every request is done; ``now_s`` is then the time of the last event processed
         (no later than ``until_s``). A rollout from a ``clone``: set its router, ``run_until`` the horizon."""
         self._auto = True
-        reqs, heap, step = self.requests, self._heap, self._step_event
-        while self.num_completed < self.num_requests:
-            na = self._next_arrival
-            if na >= len(reqs) and not heap:
-                break  # no event left
-            ta = reqs[na].arrival_s if na < len(reqs) else _INF
-            th = heap[0][0] if heap else _INF
-            if ta > until_s and th > until_s:
-                break
-            step()
+        self._run_events(until_s)
 
     def advance(self, until_s: float) -> None:
-        """Process every event up to ``until_s`` (step-wise mode: no automatic routing)."""
+        """Process every event up to ``until_s`` (step-wise mode: no automatic routing), or until every
+        request is done; ``now_s`` is then ``until_s`` (or later, if it already was)."""
         self._auto = False
-        while self._has_events():
-            reqs = self.requests
-            na = self._next_arrival
-            ta = reqs[na].arrival_s if na < len(reqs) else float("inf")
-            th = self._heap[0][0] if self._heap else float("inf")
-            if min(ta, th) > until_s:
-                break
-            self._step_event()
+        self._run_events(until_s)
         self.now_s = max(self.now_s, until_s)
         self.state.now_s = max(self.state.now_s, self.now_s)
 
@@ -397,52 +450,7 @@ class ClusterSim:
         self.set_router(router, label or router.name)  # an oracle planner is bound: it forks at its decisions
         self._auto = True
         self._progress = progress
-        step, reqs, heap = self._step_event, self.requests, self._heap
-        n_reqs, insts, wake_version = len(reqs), self.instances, self._wake_version
-        heappop, heappush = heapq.heappop, heapq.heappush
-        # the loop of done / _has_events / _step_event, with the instance wake-up (most events) inlined
-        while self.num_completed < self.num_requests:
-            na = self._next_arrival
-            if heap:
-                top = heap[0]
-                if na < n_reqs:
-                    ta = reqs[na].arrival_s
-                    if ta < top[0] or (ta == top[0] and top[1] > _ARRIVAL):
-                        step()  # an arrival
-                        continue
-                if top[1] != _WAKE:
-                    step()
-                    continue
-                t, _, _, _, (i, ver) = heappop(heap)
-                if t > self.now_s:
-                    self.now_s = t
-                if ver != wake_version[i]:
-                    continue  # a wake-up superseded by a later plan of that instance
-                inst = insts[i]
-                completed = self.num_completed
-                # inst.advance(t), inlined; finishes are recorded as they happen (the finish hook)
-                events = []
-                limit = t + 1e-12
-                while inst.seg_k and inst.seg_end <= limit:
-                    inst._finish_segment(inst.seg_end, events)
-                    inst._plan(events)
-                if events:  # no failures among them (an instance rejects a request only when it is added)
-                    disp = self.dispatcher
-                    if disp._on_event is None and type(disp) is Dispatcher:
-                        disp.state.apply_all(events)
-                    else:
-                        self._observe(events)
-                # _reschedule, inlined
-                wake_version[i] = ver = ver + 1
-                if inst.seg_k:
-                    self._seq += 1
-                    heappush(heap, (inst.seg_end, _WAKE, self._seq, _WAKE, (i, ver)))
-                if self.num_completed != completed and len(self.dispatcher):
-                    self._epoch()
-            elif na < n_reqs:
-                step()
-            else:
-                break
+        self._run_events(_INF)
         if not self.done:
             raise RuntimeError(f"simulation stalled with {len(self.dispatcher.queue)} requests at the "
                                f"router (router {router.name!r} never dispatched them)")

@@ -4,8 +4,9 @@ A planner rolls many alternative futures forward from the same decision epoch. E
 everything the future mutates, and nothing else:
 
 - per instance: the waiting queue, the running list, every engine-side request (``SimRequest``, copied once
-  and shared between the containers that name it, as in the original), the decode histogram and finish heap,
-  the step-end log, the segment in progress, the prefix cache when there is one;
+  and shared between the containers that name it, as in the original), the finish heap, the step-end log,
+  the segment in progress, the loads from the CPU tier in flight, and its KV block manager (counts, decode
+  histogram, the prefix cache and the CPU tier when there are);
 - the cluster: the event heap, the arrival cursor, the per-instance wake versions, dispatch times, pending
   session turns, counters, the records and completions so far;
 - the dispatcher's queue and the client-side ``ClusterState`` (its per-request entries included).
@@ -22,7 +23,6 @@ containers that hold engine-side requests remapped, so an attribute added to ``S
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core import ClusterState, _Entry, _Instance
 from ..dispatch import Dispatcher
+from .block_manager import KVBlockManager
 from .instance import SimInstance, SimRequest
 
 if TYPE_CHECKING:
@@ -79,8 +80,22 @@ def fork_instance(inst: SimInstance) -> SimInstance:
     d["rejected"] = {k: rq(r) for k, r in inst.rejected.items()}
     if inst.seg_sched is not None:
         d["seg_sched"] = [(rq(r), need) for r, need in inst.seg_sched]
-    if inst.cache is not None:  # its entries name requests by id only
-        d["cache"] = copy.deepcopy(inst.cache)
+    d["loading"] = deque((t, rq(r)) for t, r in inst.loading)
+    d["kv"] = fork_manager(inst.kv)
+    new.__dict__.update(d)
+    return new
+
+
+def fork_manager(kv: KVBlockManager) -> KVBlockManager:
+    """An independent copy of an instance's KV block manager (its per-request slots travel with the requests).
+    A fork is a rollout: it publishes no KV events to the original's subscribers."""
+    new = KVBlockManager.__new__(KVBlockManager)
+    d = {k: _plain(v) for k, v in kv.__dict__.items()}
+    d["_subscribers"] = []
+    if kv.cache is not None:
+        d["cache"] = kv.cache.fork()
+    if kv.cpu is not None:
+        d["cpu"] = kv.cpu.fork()
     new.__dict__.update(d)
     return new
 

@@ -17,18 +17,26 @@
   request's group is just free space.
 
 Eviction is lazy: the instance's fast decode path allocates blocks by counting
-(``used_blocks``), and ``settle(free)`` pops the queue head until the queue holds
-no more blocks than are free, before anything looks at or adds to the queue.
-That gives the same state as evicting at every allocation, since the head is
-only ever read after settling.
+(``KVBlockManager.num_used_blocks``), and ``settle(free)`` pops the queue head
+until the queue holds no more blocks than are free, before anything looks at or
+adds to the queue. That gives the same state as evicting at every allocation,
+since the head is only ever read after settling.
+
+This is the part of the block manager (``block_manager.py``) that vLLM calls its
+``BlockPool``: the free queue and the map of cached blocks. It publishes KV
+events (``kv_events.py``) through ``emit`` when someone subscribes: a
+``BlockStored`` per run of newly cached blocks, a ``BlockRemoved`` per settle
+that evicted cached ones.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from typing import Any
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from .kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventCallback
 
 
 def block_keys(request: Request, block_size: int) -> list[int]:
@@ -52,12 +60,13 @@ def block_keys(request: Request, block_size: int) -> list[int]:
 
 class Hit:
     """What an admission would reuse: ``named`` leading keyed blocks, ``own`` blocks of the
-    request's group left from a preemption; ``from_free`` of them sit in the free queue."""
+    request's group left from a preemption; ``from_free`` of them sit in the free queue. ``cpu``:
+    the blocks after them that a CPU tier can load (``offload.py``; set by the block manager)."""
 
-    __slots__ = ("named", "own", "from_free")
+    __slots__ = ("named", "own", "from_free", "cpu")
 
-    def __init__(self, named: int, own: int, from_free: int):
-        self.named, self.own, self.from_free = named, own, from_free
+    def __init__(self, named: int, own: int, from_free: int, cpu: int = 0):
+        self.named, self.own, self.from_free, self.cpu = named, own, from_free, cpu
 
     @property
     def blocks(self) -> int:
@@ -83,6 +92,17 @@ class PrefixCache:
         self.preempted_hit_tokens = 0  # re-admissions after a preemption
         self._next_entry = 1
         self.version = 0  # bumped whenever what ``peek`` sees may have changed
+        self.num_blocks = num_blocks
+        #: where KV events go (the block manager's publisher); None: nobody subscribed, nothing is built
+        self.emit: KVEventCallback | None = None
+
+    def fork(self) -> "PrefixCache":
+        """An independent copy (its entries name requests by id only); it publishes no events."""
+        emit, self.emit = self.emit, None
+        try:
+            return copy.deepcopy(self)
+        finally:
+            self.emit = emit
 
     # ------------------------------------------------------------------ queue
     def _push(self, key: int | None, blocks: int, owner: int | None) -> int:
@@ -102,6 +122,7 @@ class PrefixCache:
             return
         self.version += 1
         queue = self.queue
+        evicted: list[int] | None = [] if self.emit is not None else None
         while excess > 0:
             eid, entry = next(iter(queue.items()))
             key = entry[0]
@@ -112,6 +133,8 @@ class PrefixCache:
                 self.num_queued -= 1
                 self.num_evicted += 1
                 excess -= 1
+                if evicted is not None:
+                    evicted.append(key)
                 continue
             take = min(entry[1], excess)
             entry[1] -= take
@@ -119,6 +142,8 @@ class PrefixCache:
             excess -= take
             if entry[1] == 0:
                 del queue[eid]
+        if evicted:
+            self.emit(BlockRemoved(tuple(evicted), MEDIUM_GPU))  # type: ignore[misc]
 
     # ------------------------------------------------------------------ admission
     def peek(self, r: Any) -> Hit:
@@ -196,11 +221,33 @@ class PrefixCache:
             return
         self.version += 1
         ref = self.ref
-        for key in r.keys[r.n_reg:stop]:
-            if key not in ref:  # a copy cached elsewhere (its chain was broken) stays the only one
+        if self.emit is None:
+            for key in r.keys[r.n_reg:stop]:
+                if key not in ref:  # a copy cached elsewhere (its chain was broken) stays the only one
+                    ref[key] = 1
+                    r.held.append(key)
+        else:
+            self._register_publishing(r, stop)
+        r.n_reg = stop
+
+    def _register_publishing(self, r: Any, stop: int) -> None:
+        """``register``'s loop, publishing one ``BlockStored`` per run of newly cached blocks."""
+        ref, keys, bs = self.ref, r.keys, self.block_size
+        run: list[int] = []
+        parent = keys[r.n_reg - 1] if r.n_reg else None
+        for i in range(r.n_reg, stop):
+            key = keys[i]
+            if key not in ref:
                 ref[key] = 1
                 r.held.append(key)
-        r.n_reg = stop
+                run.append(key)
+                continue
+            if run:
+                self.emit(BlockStored(tuple(run), parent, len(run) * bs, bs, MEDIUM_GPU))  # type: ignore[misc]
+                run = []
+            parent = key
+        if run:
+            self.emit(BlockStored(tuple(run), parent, len(run) * bs, bs, MEDIUM_GPU))  # type: ignore[misc]
 
     def release(self, r: Any, full_blocks: int, blocks: int, preempted: bool) -> int:
         """``r`` gives back its ``blocks`` (``full_blocks`` of them full). Returns how many
@@ -226,6 +273,17 @@ class PrefixCache:
         r.held = []
         r.n_reg = 0
         return freed
+
+    def reset(self) -> None:
+        """Drop every cached block (nothing may be held): the queue is plain free space again."""
+        assert not any(self.ref.values()) and self.num_shared == 0, "reset with blocks held"
+        self.ref.clear()
+        self.where.clear()
+        self.queue.clear()
+        self.num_queued = 0
+        self._push(None, self.num_blocks, None)
+        if self.emit is not None:
+            self.emit(AllBlocksCleared())
 
     # ------------------------------------------------------------------ checks
     @property

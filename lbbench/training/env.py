@@ -89,7 +89,6 @@ import numpy as np
 
 from lbbench.core import (Dispatched, Event, Failed, Finished, FirstToken, Preempted, Request,
                           StepsAdvanced)
-from lbbench.dispatch import Dispatcher
 from lbbench.profiles import Profile
 from lbbench.routers.mixing import MixingParams, guidance_gap, heuristic_prior, penalties
 from lbbench.routers.rl.features import Featurizer, FeatureSpec, action_mask
@@ -345,8 +344,8 @@ class RouterEnv(gym.Env):
                               seed=wl_seed, instance_scheduler=self.instance_scheduler,
                               chunked_prefill=self.chunked_prefill, profiles=self.profiles)
         self._progress = _Progress(self.num_instances, self._weight)
-        # observe lifecycle events the way a router does (on_event); nothing routes automatically
-        self.sim.dispatcher = Dispatcher(self._progress, self.sim.state)
+        # observe lifecycle events the way a router does (on_event); nothing routes automatically (step-wise)
+        self.sim.set_router(self._progress)
         prefix = np.zeros(len(requests) + 1)
         np.cumsum([self._weight(r) for r in self.sim.requests], out=prefix[1:])
         self._prefix_a = prefix

@@ -95,7 +95,7 @@ def make_teacher(name: str, profile, *, max_defer_s: float | None = None,
         budget = int(profile.max_num_batched_tokens)
 
         def kv_gate(sim: ClusterSim) -> int:
-            return kv_gate_action(sim.queue, sim.state.view(detail=True), sim.now_s,
+            return kv_gate_action(sim.queue, sim.view(detail=True), sim.now_s,
                                   max_num_batched_tokens=budget, max_defer_s=max_defer_s)
         return kv_gate
     if name == "lookahead":

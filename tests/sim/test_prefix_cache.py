@@ -83,7 +83,7 @@ def test_a_preempted_request_reuses_its_own_blocks():
     sim_on, on = run_one(prof, reqs, caching=True)
     sim_off, off = run_one(prof, reqs, caching=False)
     assert sum(r.num_preemptions for r in off.values()) > 0
-    assert sim_on.instances[0].cache.preempted_hit_tokens > 0
+    assert sim_on.instances[0].kv.cache.preempted_hit_tokens > 0
     assert all(r.cached_prompt_tokens == 0 for r in on.values())  # no hit at first admission
     assert max(r.finish_s for r in on.values()) < max(r.finish_s for r in off.values())
 
@@ -98,8 +98,8 @@ def test_shared_blocks_count_once():
     assert inst.num_running == 2
     # 9 of B's 10 prompt blocks are A's: 11 + 11 blocks referenced, 9 of them twice
     held = sum(-(-(r.key + inst.clock) // 4) for r in inst.running)
-    assert inst.cache.num_shared == 9
-    growth = inst.hist[(-inst.clock) % 4]  # blocks allocated for the step in progress
+    assert inst.kv.cache.num_shared == 9
+    growth = inst.kv.hist[(-inst.clock) % 4]  # blocks allocated for the step in progress
     assert inst.used_blocks == held + growth - 9
 
 
@@ -121,6 +121,15 @@ def build_shared(items, g):
     return out
 
 
+def assert_each_finishes_once(recs, reqs) -> None:
+    """Every request has one record, complete, in time order, with fewer cached tokens than its prompt."""
+    assert sorted(r.request_id for r in recs) == [r.request_id for r in reqs]
+    for r in recs:
+        assert r.error is None and r.generated_tokens == r.output_tokens
+        assert r.arrival_s <= r.dispatch_s <= r.first_token_s <= r.finish_s
+        assert 0 <= r.cached_prompt_tokens < r.prompt_tokens
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(items=items_st, n_inst=st.integers(1, 3), chunked=st.booleans(), blocks=st.integers(35, 120),
        sched=st.sampled_from(["fcfs", "bin_packing", "priority"]), engine=st.sampled_from(["v1", "v0"]),
@@ -132,14 +141,10 @@ def test_cache_invariants_and_hit_bound(items, n_inst, chunked, blocks, sched, e
     # queue, an evicted one is never held, the counts add up
     sim = ClusterSim(prof, n_inst, reqs, instance_scheduler=sched, check_invariants=True, prefix_caching=True)
     recs = sim.run(RR(n_inst))
-    assert sorted(r.request_id for r in recs) == [r.request_id for r in reqs]  # each finishes once
-    for r in recs:
-        assert r.error is None and r.generated_tokens == r.output_tokens
-        assert r.arrival_s <= r.dispatch_s <= r.first_token_s <= r.finish_s
-        assert 0 <= r.cached_prompt_tokens < r.prompt_tokens
+    assert_each_finishes_once(recs, reqs)
     for inst in sim.instances:
-        assert inst.used_blocks == 0 and inst.cache.num_shared == 0
-        assert all(n == 0 for n in inst.cache.ref.values())
+        assert inst.used_blocks == 0 and inst.kv.cache.num_shared == 0
+        assert all(n == 0 for n in inst.kv.cache.ref.values())
     # each block's first computation is a miss: hits <= block_size * sum(occurrences - 1)
     occ = Counter(k for r in reqs for k in set(block_keys(r, prof.block_size)))
     bound = prof.block_size * sum(n - 1 for n in occ.values())
@@ -173,7 +178,7 @@ def test_profile_key_turns_caching_on(tmp_path):
     p = tmp_path / "apc.toml"
     p.write_text(text.replace("[kv]\n", "[kv]\nenable_prefix_caching = true\n"))
     prof = load_profile(p)
-    assert prof.enable_prefix_caching and SimInstance(prof).cache is not None
+    assert prof.enable_prefix_caching and SimInstance(prof).kv.cache is not None
     p.write_text(text.replace("[kv]\n", "[kv]\nenable_prefix_caching = \"yes\"\n"))
     try:
         load_profile(p)

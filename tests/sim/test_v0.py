@@ -64,7 +64,7 @@ def test_v0_admission_keeps_the_watermark():
     inst = SimInstance(p, check_invariants=True)
     for i in range(20):
         inst.add(req(i, 0.0, 24, 40), 0.0)
-    assert inst.watermark_blocks == 1
+    assert inst.kv.watermark_blocks == 1
     assert inst.num_blocks - inst.used_blocks >= 1  # admission stopped above the watermark
     inst.advance(float("inf"))
     assert inst.used_blocks == 0 and not inst.reqs
