@@ -409,6 +409,14 @@ _LIVE_COLUMNS = [("dispatch_lag_p50_s", "lag p50 (ms)"), ("dispatch_lag_p99_s", 
                  ("achieved_rate_per_s", "achieved/s"), ("requested_rate_per_s", "requested/s")]
 
 
+def _prefix_check_columns(summary: Any) -> list[tuple[str, str]]:
+    """The hit rate and the prefix-hit check's flag, when the run has them (``lbbench.reports.prefix_check``)."""
+    if "prefix_hit_check" not in summary.columns:
+        return []
+    return [("prefix_cache_hit_rate", "hit rate"), ("prefix_hit_check", "reuse")] \
+        if "prefix_cache_hit_rate" in summary.columns else [("prefix_hit_check", "reuse")]
+
+
 def _fmt(col: str, v: Any) -> str:
     if v is None or (isinstance(v, float) and v != v):
         return "-"
@@ -418,8 +426,10 @@ def _fmt(col: str, v: Any) -> str:
         return f"{v * 1000:.2f}"
     if col in ("improvement_vs_round_robin_pct", "vs_best_baseline_pct"):
         return f"{v:+.2f}"
-    if col == "slo_attainment":
+    if col in ("slo_attainment", "prefix_cache_hit_rate"):
         return f"{100 * v:.1f} %"
+    if isinstance(v, str):
+        return v
     return cell(v)
 
 
@@ -434,6 +444,7 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     cols = _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else [])
     if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
         cols = cols + [("saturated", "saturated")]
+    cols = cols + _prefix_check_columns(summary)
     fleet = cfg.fleet_of()
     where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
              else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
@@ -461,6 +472,10 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     if refs:
         console.print(f"vs best = against the strongest baseline combination ({', '.join(refs)}), paired by seed; "
                       + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
+    from ..reports.prefix_check import prefix_reuse_line
+    reuse = prefix_reuse_line(summary)
+    if reuse:
+        console.print(reuse)
     if keys:
         _print_pivot(console, summary, keys)
     if not fleet.is_uniform and (out_dir / "requests.parquet").is_file():  # how each kind of instance fared

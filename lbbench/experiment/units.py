@@ -26,6 +26,7 @@ from ..fleet import Fleet
 from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
 from ..routers import get_router
+from ..workloads.prefix_reuse import ReuseIntent, declares_reuse, reuse_intent
 from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
 from .decisions import DecisionRecorder
 from .rundir import records_frame, timeline_frame
@@ -241,6 +242,23 @@ def mark_saturation(frame: pl.LazyFrame, label: str, res: UnitResult) -> tuple[p
     return frame, f"{label}: saturated at {at:.1f} s (the backlog kept growing); {what}"
 
 
+#: the reuse intent of the last seed's requests, per process (keyed by the requests list's identity)
+_intent_cache: dict[int, tuple[list[Request], ReuseIntent]] = {}
+
+
+def mark_reuse_intent(frame: pl.LazyFrame, cfg: RunConfig, profile: Profile, reqs: list[Request]) -> pl.LazyFrame:
+    """``frame`` with the seed's ``intended_prefix_hit_rate`` and ``reuse_intended`` (``lbbench.reports.prefix_check``),
+    at the engine's block size."""
+    hit = _intent_cache.get(id(reqs))
+    if hit is None or hit[0] is not reqs:
+        _intent_cache.clear()
+        declared = not cfg.trace and declares_reuse(cfg.workload)
+        hit = _intent_cache[id(reqs)] = (reqs, reuse_intent(reqs, profile.block_size, declared))
+    intent = hit[1]
+    return frame.with_columns(pl.lit(intent.intended_rate, dtype=pl.Float64).alias("intended_prefix_hit_rate"),
+                              pl.lit(intent.intends_reuse).alias("reuse_intended"))
+
+
 def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
@@ -260,6 +278,7 @@ def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     streamed = isinstance(res.records, pl.LazyFrame)
     records = res.records if streamed else records_frame(res.records, {}).lazy()
     frame, note = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work.label, res)
+    frame = mark_reuse_intent(frame, cfg, profile, reqs)
     notes += [note] if note else []
     decisions = None if recorder is None else recorder.frame(
         {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
