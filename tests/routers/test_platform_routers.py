@@ -7,7 +7,7 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from lbbench.core import ClusterView, Finished, FirstToken, InstanceSpec, InstanceView, Request
+from lbbench.core import ClusterView, Finished, FirstToken, InstanceSpec, InstanceView, Preempted, Request
 from lbbench.errors import InputError
 from lbbench.routers import available_routers, get_router
 from lbbench.routers.heuristics import LeastRequests
@@ -44,20 +44,53 @@ def test_registered_with_their_sources():
 # ---------------------------------------------------------------------------------------------- kv_overlap
 
 def _kv_state(router):
-    router.trees.insert(0, hreq(100))  # instance 0 holds the whole 64-token prompt
-    router.prefill.dispatched(hreq(101, hashes=None), 1, 64)  # instance 1 has 64 uncached tokens to prefill
+    router.trees.insert(0, hreq(100))  # instance 0 holds the whole 64-token prompt (no active request there)
+    busy = hreq(101, hashes=None)  # instance 1: a 64-token request of its own, routed, no first token yet
+    router.prefill.dispatched(busy, 1, 64)
+    router.active.add(busy, 1)
     return view(iv(0, context=320), iv(1, prompt_pending=64, outstanding=1, prefilling=1))
 
 
 def test_kv_overlap_hand_computed_cost():
-    # block 16. Instance 0: prefill (0 + 0) / 16 = 0, decode (320 + 0 + 0) / 16 = 20 -> 20.
-    # Instance 1: prefill (64 + 64) / 16 = 8, decode (0 + 64 + 64) / 16 = 8 -> weight 1: 16, weight 2: 24.
+    # Dynamo (scheduler.rs @ db19bd2a): logit = w x prefill_tokens / 16 + decode_blocks, blocks of 16.
+    # Instance 0: overlap 4 blocks -> new tokens 64 - 4 x 16 = 0, prefill 0; decode: 0 active + 4 new blocks = 4.
+    # Instance 1: overlap 0 -> prefill (64 + 64) / 16 = 8; decode: 4 active + 4 new = 8 -> w 1: 16, w 2: 24.
+    # (The view's context does not enter: Dynamo counts the blocks it routed, not the engine's.)
     r = get_router("kv_overlap", num_instances=2)
     v = _kv_state(r)
-    assert {i: c for i, (c, _) in r.costs(hreq(0), v).items()} == {0: 20.0, 1: 16.0}
-    assert r.route([hreq(0)], v, 0.0).instance == 1  # Dynamo's defaults: weight 1, temperature 0
+    assert {i: c for i, (c, _) in r.costs(hreq(0), v).items()} == {0: 4.0, 1: 16.0}
+    assert r.route([hreq(0)], v, 0.0).instance == 0  # Dynamo's defaults: weight 1, temperature 0
     r2 = get_router("kv_overlap", num_instances=2, overlap_weight=2.0)
-    assert r2.route([hreq(0)], _kv_state(r2), 0.0).instance == 0
+    assert {i: c for i, (c, _) in r2.costs(hreq(0), _kv_state(r2)).items()} == {0: 4.0, 1: 24.0}
+
+
+def test_kv_overlap_counts_shared_active_blocks_once():
+    # instance 0 serves three decoding requests with the same 64-token prompt: 4 active blocks, not 12. The new
+    # request shares them: instance 0 costs 0 (prefill) + 4 + 0 = 4; idle instance 1 costs 64/16 + 0 + 4 = 8.
+    # (Counting each request's context, 3 x 64 / 16 = 12 blocks, would send it to instance 1.)
+    r = get_router("kv_overlap", num_instances=2)
+    for k in range(3):  # routed to 0 (what route() records), then their first tokens came
+        r.trees.insert(0, hreq(100 + k))
+        r.prefill.dispatched(hreq(100 + k), 0, 64)
+        r.active.add(hreq(100 + k), 0)
+        r.on_event(FirstToken(100 + k, 0, 1.0))
+    assert r.active.num_active(0) == 4 and r.active.num_active(1) == 0 and r.prefill.tokens[0] == 0
+    v = view(iv(0, outstanding=3, decoding=3, context=192), iv(1))
+    assert {i: c for i, (c, _) in r.costs(hreq(0), v).items()} == {0: 4.0, 1: 8.0}
+    assert r.route([hreq(0)], v, 2.0).instance == 0
+    for k in (100, 101, 102, 0):  # blocks leave with the last request holding them
+        r.on_event(Finished(k, 0, 3.0, 8))
+    assert r.active.num_active(0) == 0
+
+
+def test_kv_overlap_credits_an_inactive_cached_prefix_once():
+    # overlap weight 0: decode blocks alone. Instance 0 has the prompt cached but nothing active: its decode term is
+    # 0 + 4 new blocks = 4, the same as idle instance 1's (the hit is not subtracted there a second time); the tie
+    # goes to the smaller prefix tree, instance 1
+    r = get_router("kv_overlap", num_instances=2, overlap_weight=0.0)
+    r.trees.insert(0, hreq(100))
+    assert {i: c for i, (c, _) in r.costs(hreq(0), view(iv(0), iv(1))).items()} == {0: 4.0, 1: 4.0}
+    assert r.route([hreq(0)], view(iv(0), iv(1)), 0.0).instance == 1
 
 
 def test_kv_overlap_softmax_temperature():
@@ -65,10 +98,10 @@ def test_kv_overlap_softmax_temperature():
     assert softmax_pick([20.0, 16.0], 1.0, 0.26) == 0 and softmax_pick([20.0, 16.0], 1.0, 0.27) == 1
     assert softmax_pick([3.0, 3.0, 3.0], 0.5, 0.5) == 1  # equal costs: uniform
     picks = []
-    for seed in range(400):
+    for seed in range(400):  # costs 4 and 16: range 12, P(instance 1) = 1 / (1 + e) = 0.2689
         r = get_router("kv_overlap", num_instances=2, seed=seed, temperature=1.0)
         picks.append(r.route([hreq(0)], _kv_state(r), 0.0).instance)
-    assert 0.2 < picks.count(0) / len(picks) < 0.34
+    assert 0.2 < picks.count(1) / len(picks) < 0.34
 
 
 def test_kv_overlap_ties_go_to_the_smaller_tree():
@@ -82,15 +115,17 @@ def test_kv_overlap_counts_prefill_until_the_first_token():
     r.route([hreq(0, hashes=None)], view(iv(0), iv(1)), 0.0)
     inst = r._last
     assert r.prefill.tokens[inst] == 64
+    r.on_event(Preempted(0, inst, 0.5))  # the router never sees engine preemptions: nothing changes
+    assert r.prefill.tokens[inst] == 64
     r.on_event(FirstToken(0, inst, 1.0))
-    assert r.prefill.tokens[inst] == 0
+    assert r.prefill.tokens[inst] == 0 and r.active.num_active(inst) == 4
 
 
 # ---------------------------------------------------------------------------------------------- token_affinity
 
 def _affinity(inflight0, **opts):
     r = get_router("token_affinity", num_instances=2, **opts)
-    r.trees.insert(0, hreq(100))  # instance 0 holds all 4 blocks: prefix score 1.0 >= 0.8, sticky
+    r.trees.insert(0, hreq(100))  # instance 0 holds the prompt's one 64-token block: prefix score 1.0 >= 0.8, sticky
     r.inflight.tokens[0] = inflight0
     return r.route([hreq(0)], view(iv(0), iv(1)), 0.0).instance
 
@@ -106,11 +141,31 @@ def test_token_affinity_sticky_until_saturated():
     assert _affinity(10**9, max_ttft_penalty_s=0) == 0  # 0 always sticks
 
 
-def test_token_affinity_threshold_and_sessions():
+def test_token_affinity_prompts_under_512_tokens_stick():
+    # llm-d (approximateprefix/plugin.go, prefixhash/hashing.go @ ebab6879): 64-token blocks, the tail included.
+    # A 300-token prompt named by one 512-token (Mooncake) hash is 5 blocks (4 x 64 + 44); sent again, all 5 match:
+    # score 1.0, sticky, although instance 0 is 6 s behind idle instance 1 (6,000 tokens at 1,000 tokens/s)
     r = get_router("token_affinity", num_instances=2)
-    r.trees.insert(0, hreq(100, hashes=(1, 2, 3)))  # 3 of 4 blocks: 0.75 < 0.8, not sticky
+    short = Request(1, 0.0, 300, 8, prefix_hashes=(7,), prefix_block_tokens=512)
+    r.trees.insert(0, short)
+    r.inflight.tokens[0] = 6_000
+    assert r.prefix_score(0, short) == 1.0 and r.route([short], view(iv(0), iv(1)), 0.0).instance == 0
+    # a 200-token prompt with the same first tokens: blocks end at 64, 128, 192 (shared) and 200 (a different tail):
+    # 3 of 4, 0.75 < 0.8: not sticky, the fewest in-flight tokens win
+    shorter = Request(2, 0.0, 200, 8, prefix_hashes=(7,), prefix_block_tokens=512)
+    assert r.prefix_score(0, shorter) == 0.75 and r.route([shorter], view(iv(0), iv(1)), 0.0).instance == 1
+    # its in-flight load there: (4 blocks - 0 matched) x 64 = 256 tokens, as llm-d's in-flight producer counts it
+    assert r.inflight.tokens[1] == 256
+
+
+def test_token_affinity_threshold_and_sessions():
+    # 256 tokens = 4 blocks of 64; instance 0 holds a prompt sharing the first 192 tokens: 3 of 4, 0.75 < 0.8
+    r = get_router("token_affinity", num_instances=2)
+    r.trees.insert(0, hreq(100, prompt=256, hashes=tuple(range(1, 13)) + (99, 98, 97, 96)))
     r.inflight.tokens[0] = 100
-    assert r.route([hreq(0)], view(iv(0), iv(1)), 0.0).instance == 1
+    full = hreq(0, prompt=256, hashes=tuple(range(1, 17)))
+    assert r.prefix_score(0, full) == 0.75
+    assert r.route([full], view(iv(0), iv(1)), 0.0).instance == 1
     # a session without prefix hashes sticks to its last instance while it is not saturated
     r = get_router("token_affinity", num_instances=2)
     first = r.route([hreq(1, hashes=None, session=7)], view(iv(0), iv(1)), 0.0).instance
