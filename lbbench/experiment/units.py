@@ -185,12 +185,17 @@ def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int
     capacity-aware router reads each instance's ``InstanceSpec`` (KV tokens, ``max_num_seqs``, speed), which
     the fleet gives it, instead."""
     opts = dict(cfg.router_options.get(unit.router, {}))
+    if unit.router in ENGINE_ORDER_ROUTERS:  # a feature follows the engine's order of service
+        opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)
     if unit.router in LEARNED_ROUTERS:
         if "checkpoint" not in opts:
             opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
         opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)  # the scheduler guard
     return get_router(unit.router, num_instances=num_instances, seed=unit.seed, profile=profile, **opts)
 
+
+#: routers told the unit's instance scheduler (a feature of theirs follows the engine's order of service)
+ENGINE_ORDER_ROUTERS = ("predicted_latency",)
 
 #: the last seed's annotated requests and the last predictor, per process (a worker runs consecutive units)
 _requests_cache: dict[tuple, list[Request]] = {}
