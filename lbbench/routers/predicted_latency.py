@@ -16,13 +16,14 @@ Source: ``llm-d/llm-d-router`` at commit ``ebab687927f5331c1b39defcb579a07951bce
 ``input_token_length``     the prompt's tokens
 ``num_request_waiting``    waiting requests (``/metrics`` live; else the requests there without a first token)
 ``num_request_running``    requests in flight there (llm-d overrides the engine's count with the EPP's own)
-``prefill_tokens_ahead``   uncached prompt tokens queued there ahead of the request in the engine's order: every
-                           request sent there without a first token (llm-d's ``prefill_tokens_in_flight``, the
-                           in-flight load producer's uncached tokens), or on vLLM's ``priority`` scheduler only those
-                           the engine serves first (priority no larger than this request's; lbbench's addition)
+``prefill_tokens_in_flight`` uncached prompt tokens of the requests sent there without a first token yet (the
+                           in-flight load producer's, released at the first token)
 ``prefix_cache_score``     llm-d's prefix score there (64-token blocks)
 ``effective_input_tokens`` (1 - prefix score) x prompt tokens
 ``prefill_score_bucket``   the score's quarter (0-3)
+``prefill_tokens_ahead``   the same tokens ahead of the request in the engine's order: all of them first come,
+                           first served; on vLLM's ``priority`` scheduler only those of requests the engine serves
+                           first (priority no larger than this request's) (lbbench's)
 ``kv_deficit_tokens``      KV tokens the instance would lack with the request's uncached prompt added (lbbench's)
 ``since_last_step_s``      time since the instance's last engine step ended, as the router's streams show it
 ``step_period_s``          the instance's recent step time, from the same streams
@@ -84,10 +85,10 @@ LLMD_SOURCE = ("llm-d/llm-d-router pkg/epp/framework/plugins/requestcontrol/data
                "llm-d/llm-d-latency-predictor training/training_server.py @ 04e44cd8")
 
 FEATURES = ("is_queued", "kv_cache_percentage", "input_token_length", "num_request_waiting", "num_request_running",
-            "prefill_tokens_ahead", "prefix_cache_score", "effective_input_tokens", "prefill_score_bucket",
-            "kv_deficit_tokens", "since_last_step_s", "step_period_s", "to_next_step_s")
-#: the features without ``phase_features``
-LLMD_FEATURES = FEATURES[:10]
+            "prefill_tokens_in_flight", "prefix_cache_score", "effective_input_tokens", "prefill_score_bucket",
+            "prefill_tokens_ahead", "kv_deficit_tokens", "since_last_step_s", "step_period_s", "to_next_step_s")
+#: llm-d's own features (the first nine), then lbbench's
+NUM_LLMD_FEATURES = 9
 ENGINE_ORDERS = ("fcfs", "priority")
 #: the prediction error the issue's target reads: predictions made after this many completions trained the model
 WARM_COMPLETIONS = 500
@@ -248,9 +249,11 @@ class PredictedLatency(_Base):
         waiting = m.num_waiting if m is not None else iv.num_prefilling
         p = request.prompt_tokens
         uncached = min(uncached, p)
+        in_flight = float(self.inflight.ahead(iv.index, None))
+        ahead = in_flight if self.engine_order == "fcfs" else float(self.inflight.ahead(iv.index, self._priority(request)))
         row = (1.0 if waiting > 0 else 0.0, min(1.0, used / cap), float(p), float(waiting), float(iv.num_outstanding),
-               float(self.inflight.ahead(iv.index, self._priority(request))), score, (1.0 - score) * p,
-               float(min(int(score * 4), 3)), float(max(0.0, used + uncached - cap)))
+               in_flight, score, (1.0 - score) * p, float(min(int(score * 4), 3)), ahead,
+               float(max(0.0, used + uncached - cap)))
         if self.phase is not None:
             row += self.phase.features(iv.index, self._now_s, iv.num_outstanding > 0)
         return row, uncached

@@ -234,10 +234,11 @@ def test_predicted_latency_features_hand_computed():
     spec = InstanceSpec(kv_capacity_tokens=1000)
     state = iv(0, outstanding=2, prefilling=2, prompt_pending=900, context=50, spec=spec)
     row, uncached = prio.features(hreq(0), state)
-    assert fcfs.features(hreq(0), state)[0][5] == 1300 and row[5] == 500
+    assert fcfs.features(hreq(0), state)[0][9] == 1300 and row[9] == 500 and row[5] == 1300
     # KV: 950 of 1000 tokens used (0.95); the request's 64 uncached tokens (one 64-token block) would lack 14;
-    # prefix score 0 (nothing sent there), effective input 64, waiting 2 (is_queued 1), in flight 2
-    assert row == (1.0, 0.95, 64.0, 2.0, 2.0, 500.0, 0.0, 64.0, 0.0, 14.0) and uncached == 64
+    # prefix score 0 (nothing sent there), effective input 64, waiting 2 (is_queued 1), in flight 2, llm-d's
+    # prefill tokens in flight 1,300, ahead in priority order 500
+    assert row == (1.0, 0.95, 64.0, 2.0, 2.0, 1300.0, 0.0, 64.0, 0.0, 500.0, 14.0) and uncached == 64
 
 
 def test_predicted_latency_step_phase_from_streams():
@@ -246,8 +247,8 @@ def test_predicted_latency_step_phase_from_streams():
     r.on_event(StepsAdvanced(0, 1.10, 5))  # 5 steps in 0.1 s: 0.02 s each
     r._now_s = 1.125  # 0.025 s after the last step ended: the step under way ends in 0.015 s
     row, _ = r.features(hreq(0), iv(0, outstanding=3))
-    assert row[10:] == pytest.approx((0.025, 0.02, 0.015))
-    assert r.features(hreq(0), iv(0, outstanding=0))[0][10:] == pytest.approx((0.0, 0.02, 0.0))  # idle: at once
+    assert row[11:] == pytest.approx((0.025, 0.02, 0.015))
+    assert r.features(hreq(0), iv(0, outstanding=0))[0][11:] == pytest.approx((0.0, 0.02, 0.0))  # idle: at once
 
 
 def test_llmd_picker_hand_computed():
