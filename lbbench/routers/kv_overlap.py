@@ -10,7 +10,7 @@ active blocks, assume KV reuse between them, and do not track output blocks. Lat
 (``lib/kv-router/src/scheduling/selector/default.rs``) refine the same cost with overlap credits and tiers; this
 router follows the two-term form.
 
-For each instance ``w``, in KV blocks of ``block_tokens`` (the engine's block size, vLLM's 16):
+For each instance ``w``, in KV blocks of ``block_tokens`` (the engine's block size: the profile's, else vLLM's 16):
 
     overlap_weight * prefill_tokens(w) / block_tokens + decode_blocks(w)
 
@@ -172,13 +172,15 @@ def softmax_pick(costs: Sequence[float], temperature: float, u: float) -> int:
                         "temperature (" + DYNAMO_SOURCE + ")")
 class KvOverlap(_Seeded):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 overlap_weight: float = 1.0, temperature: float = 0.0, block_tokens: int = 16,
+                 overlap_weight: float = 1.0, temperature: float = 0.0, block_tokens: int | None = None,
                  lru_tokens: int | None = None, **kw: Any):
         super().__init__(num_instances, seed, profile=profile, **kw)
         if not (math.isfinite(overlap_weight) and overlap_weight >= 0):
             raise InputError(f"kv_overlap: overlap_weight must be >= 0, got {overlap_weight}")
         if not (math.isfinite(temperature) and temperature >= 0):
             raise InputError(f"kv_overlap: temperature must be >= 0, got {temperature}")
+        if block_tokens is None:  # Dynamo's router blocks are the engine's KV blocks
+            block_tokens = profile.block_size if profile is not None else 16
         if int(block_tokens) < 1:
             raise InputError(f"kv_overlap: block_tokens must be >= 1, got {block_tokens}")
         self.overlap_weight = float(overlap_weight)
