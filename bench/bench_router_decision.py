@@ -26,14 +26,18 @@ ROUTERS = ("least_requests", "kv_overlap", "token_affinity", "predicted_latency"
 
 
 def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
-    """Fit predicted_latency on synthetic samples shaped like the snapshot's features."""
+    """Fit predicted_latency on synthetic samples shaped like the snapshot's features (both queue regimes, so
+    that it predicts with its queued / unqueued sub-models)."""
+    from lbbench.routers.latency_model import bucket_key
     rng = np.random.default_rng(seed)
     head, view = sim.queue[0], sim.view()
-    base = np.array([router.features(head, iv) for iv in view.instances], dtype=float)
-    for _ in range(samples):
-        x = tuple(float(v) for v in base[rng.integers(len(base))] * rng.uniform(0.5, 1.5, base.shape[1]))
-        router.ttft_model.add(x, 0.05 + 1e-4 * x[2] + rng.exponential(0.02))
-        router.tpot_model.add(x, 0.01 + 1e-4 * x[1] + rng.exponential(0.002))
+    base = np.array([router.features(head, iv)[0] for iv in view.instances], dtype=float)
+    for k in range(samples):
+        x = base[rng.integers(len(base))] * rng.uniform(0.5, 1.5, base.shape[1])
+        x[0], x[3] = (1.0, max(1.0, x[3])) if k % 2 else (0.0, 0.0)
+        key = bucket_key(x[3], x[1], x[6])
+        router.model.add("ttft", x, key, 0.05 + 1e-4 * x[2] + rng.exponential(0.02))
+        router.model.add("tpot", x, key, 0.01 + 1e-4 * x[4] + rng.exponential(0.002))
     router.refit()
 
 

@@ -23,6 +23,7 @@ from ..distributed import UnitError, get_executor
 from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..live.saturation import DEFAULT_WINDOW_S
+from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
 from ..profiles import load_profile
 from ..reports.render import cell, to_rich
@@ -438,7 +439,18 @@ def summary_columns(summary: Any, cfg: RunConfig, wide: bool) -> list[tuple[str,
     cols = [c for c in _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else []) if wide or c[0] in shown]
     if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
         cols.append(("saturated", "saturated"))
-    return cols
+    return cols + _prefix_check_columns(summary, wide)
+
+
+def _prefix_check_columns(summary: Any, wide: bool) -> list[tuple[str, str]]:
+    """The hit rate and the prefix-hit check's flag, when the run has them (``lbbench.metrics.prefix_check``):
+    with ``wide``, or when the check flagged a row (the run also prints ``prefix_reuse_line``)."""
+    if "prefix_hit_check" not in summary.columns:
+        return []
+    if not wide and not summary["prefix_hit_check"].is_in(["low", "no hashes"]).any():
+        return []
+    return [("prefix_cache_hit_rate", "hit rate"), ("prefix_hit_check", "reuse")] \
+        if "prefix_cache_hit_rate" in summary.columns else [("prefix_hit_check", "reuse")]
 
 
 def _fmt(col: str, v: Any) -> str:
@@ -450,8 +462,10 @@ def _fmt(col: str, v: Any) -> str:
         return f"{v * 1000:.2f}"
     if col in ("improvement_vs_round_robin_pct", "vs_best_baseline_pct"):
         return f"{v:+.2f}"
-    if col == "slo_attainment":
+    if col in ("slo_attainment", "prefix_cache_hit_rate"):
         return f"{100 * v:.1f} %"
+    if isinstance(v, str):
+        return v
     return cell(v)
 
 
@@ -500,6 +514,9 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
                       + (f"SLO {_slo_text(cfg)}" if cfg.slo else "no --slo: goodput = completed requests/s"))
     elif cfg.slo:
         console.print(f"met SLO = share of requests within {_slo_text(cfg)}")
+    reuse = prefix_reuse_line(summary)
+    if reuse:
+        console.print(reuse)
     if keys:
         _print_pivot(console, summary, keys)
     fleet = cfg.fleet_of()

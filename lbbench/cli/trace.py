@@ -16,6 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core import Request
+from ..errors import InputError
+from ..experiment.config import RunConfig
+from ..experiment.workload import build_requests
+from ..profiles import load_profile
+from ..workloads.synthetic_trace import open_loop_spec, write_workload_trace
 from ..workloads.errors import WorkloadError
 from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from ..workloads.trace_stats import inspect_trace
@@ -171,3 +176,32 @@ def _print_table(stats: dict[str, Any]) -> None:
     if "prefix_blocks" in stats:
         share = stats["prefix_blocks_repeated_share"]
         console.print(f"prefix blocks: {stats['prefix_blocks']:,}, repeated {_fmt(100 * share if share is not None else None)} %")
+
+
+@trace.command("synth")
+@click.argument("workload")
+@click.argument("out", type=click.Path(dir_okay=False, writable=True))
+@click.option("--rate", type=float, default=20.0, show_default=True, help="Offered request rate (requests/s).")
+@click.option("--requests", type=click.IntRange(min=1), default=2000, show_default=True, help="Requests to write.")
+@click.option("--seed", type=int, default=0, show_default=True, help="The workload's seed (a run's --seed).")
+@click.option("--burstiness", type=float, default=1.0, show_default=True,
+              help="CV of the inter-arrival gaps (1 = Poisson).")
+@click.option("--profile", default="llama3.1-8b-a100", show_default=True,
+              help="Profile whose max_model_len bounds contexts (and whose unloaded latencies plan agent calls).")
+def synth_cmd(workload: str, out: str, rate: float, requests: int, seed: int, burstiness: float,
+              profile: str) -> None:
+    """Write the synthetic WORKLOAD (a --workload spec of lbbench run) to OUT as a canonical Parquet trace.
+
+    An agentic workload is written open loop (every call at its planned time); closed-loop sessions are refused.
+    `lbbench run --trace OUT` then replays the same requests.
+    """
+    spec = open_loop_spec(workload)
+    try:
+        prof = load_profile(profile)
+        reqs = build_requests(RunConfig(workload=spec, rate_per_s=rate, requests=requests, burstiness=burstiness),
+                              prof, seed, None)
+        tf = write_workload_trace(reqs, spec, out)
+    except (InputError, WorkloadError) as exc:
+        raise TraceInputError(user_message(exc)) from None
+    blocks = f", prefix hashes of {tf.block_tokens} tokens" if tf.block_tokens else ""
+    click.echo(f"wrote {len(tf)} requests of {spec} (seed {seed}) to {out}{blocks}")

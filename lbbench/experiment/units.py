@@ -27,6 +27,7 @@ from ..predict import Predictor, annotate, load_predictor
 from ..profiles import Profile
 from ..routers import get_router
 from ..rundir import records_frame, timeline_frame
+from ..workloads.prefix_reuse import ReuseIntent, declares_reuse, reuse_intent
 from .config import LEARNED_ROUTERS, RunConfig, Variant, workload_label
 from .decisions import DecisionRecorder
 from .workload import build_requests
@@ -186,12 +187,17 @@ def make_router(cfg: RunConfig, profile: Profile, unit: Unit, num_instances: int
     capacity-aware router reads each instance's ``InstanceSpec`` (KV tokens, ``max_num_seqs``, speed), which
     the fleet gives it, instead."""
     opts = dict(cfg.router_options.get(unit.router, {}))
+    if unit.router in ENGINE_ORDER_ROUTERS:  # a feature follows the engine's order of service
+        opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)
     if unit.router in LEARNED_ROUTERS:
         if "checkpoint" not in opts:
             opts["chunked_prefill"] = chunked_prefill  # picks the engine mode's checkpoint
         opts.setdefault("instance_scheduler", unit.variant.instance_scheduler)  # the scheduler guard
     return get_router(unit.router, num_instances=num_instances, seed=unit.seed, profile=profile, **opts)
 
+
+#: routers told the unit's instance scheduler (a feature of theirs follows the engine's order of service)
+ENGINE_ORDER_ROUTERS = ("predicted_latency",)
 
 #: the last seed's annotated requests and the last predictor, per process (a worker runs consecutive units)
 _requests_cache: dict[tuple, list[Request]] = {}
@@ -298,6 +304,23 @@ def saturation_line(marks: Sequence[Saturation]) -> str | None:
     return f"saturated (the backlog kept growing) at {when}, {what}: " + " | ".join(items)
 
 
+#: the reuse intent of the last seed's requests, per process (keyed by the requests list's identity)
+_intent_cache: dict[int, tuple[list[Request], ReuseIntent]] = {}
+
+
+def mark_reuse_intent(frame: pl.LazyFrame, cfg: RunConfig, profile: Profile, reqs: list[Request]) -> pl.LazyFrame:
+    """``frame`` with the seed's ``intended_prefix_hit_rate`` and ``reuse_intended`` (``lbbench.metrics.prefix_check``),
+    at the engine's block size."""
+    hit = _intent_cache.get(id(reqs))
+    if hit is None or hit[0] is not reqs:
+        _intent_cache.clear()
+        declared = not cfg.trace and declares_reuse(cfg.workload)
+        hit = _intent_cache[id(reqs)] = (reqs, reuse_intent(reqs, profile.block_size, declared))
+    intent = hit[1]
+    return frame.with_columns(pl.lit(intent.intended_rate, dtype=pl.Float64).alias("intended_prefix_hit_rate"),
+                              pl.lit(intent.intends_reuse).alias("reuse_intended"))
+
+
 def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
@@ -317,6 +340,7 @@ def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     streamed = isinstance(res.records, pl.LazyFrame)
     records = res.records if streamed else records_frame(res.records, {}).lazy()
     frame, saturation = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work, res)
+    frame = mark_reuse_intent(frame, cfg, profile, reqs)
     decisions = None if recorder is None else recorder.frame(
         {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
     timeline = timeline_frame(res.timeline, timeline_columns(unit, cols))

@@ -10,6 +10,8 @@ from ..core import Request
 from ..predict import annotate, load_predictor
 from ..predict.dataset_workload import dataset_workload
 from ..profiles import Profile
+from ..workloads.agentic import agentic, parse_agentic_spec
+from ..workloads.inference_perf import inference_perf_requests
 from ..workloads.session_traces import is_session_trace, load_session_trace
 from ..workloads.sessions import parse_session_spec, sessions
 from ..workloads.traces import load_trace_requests
@@ -38,10 +40,17 @@ def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | Non
     if w.split(":", 1)[0] in ("sessions", "shared-prefix"):
         return sessions(n, rate, seed, parse_session_spec(w), max_model_len=profile.max_model_len,
                         burstiness=cfg.burstiness)
+    if w.split(":", 1)[0] == "inference-perf":
+        return inference_perf_requests(w, n, rate, seed)
+    if w.split(":", 1)[0] == "agentic":
+        return agentic(n, rate, seed, parse_agentic_spec(w), max_model_len=profile.max_model_len,
+                       burstiness=cfg.burstiness, prefill_s_per_token=profile.prefill_token_s,
+                       step_s=profile.min_step_s)
     if w.startswith("dataset:"):
         return dataset_workload(w.split(":", 1)[1], n, rate, seed, max_model_len=profile.max_model_len)
     raise ConfigError(f"unknown workload {w!r} (choose from {', '.join(WORKLOADS)}, "
-                      "sessions[:K=V,...], shared-prefix[:K=V,...], dataset:FILE, or give a trace file)",
+                      "sessions[:K=V,...], shared-prefix[:K=V,...], inference-perf[:K=V,...], agentic[:K=V,...], "
+                      "dataset:FILE, or give a trace file)",
                       "workload")
 
 

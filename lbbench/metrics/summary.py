@@ -38,6 +38,8 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
   ``dispatch_lag_p50_s`` / ``dispatch_lag_p99_s`` over sent requests, ``achieved_rate_per_s``
   = sent requests / (last send - first send), ``requested_rate_per_s`` = rows / (last
   arrival - first arrival).
+- ``intended_prefix_hit_rate`` and ``prefix_hit_check``: only when the workload intends prefix reuse or names
+  prefix hashes (``lbbench.metrics.prefix_check``).
 - ``saturated``: only when some group saturated (``lbbench.live.saturation``: its backlog kept growing faster
   than the threshold over a whole window; a live step then stopped sending): true when any seed of the group did.
 """
@@ -51,6 +53,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from ..errors import InputError
+from . import prefix_check
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -179,6 +182,7 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",), slo: Slo | None = None)
             / pl.col("prompt_tokens").filter(cached).sum()).cast(pl.Float64).alias("prefix_cache_hit_rate"))
     if "saturated" in lf.collect_schema():
         extra.append(pl.col("saturated").fill_null(False).any().alias("saturated"))
+    extra += prefix_check.per_seed_exprs(lf.collect_schema())
     return (
         lf.group_by([*by, "seed"], maintain_order=True)
         .agg(*extra,
@@ -253,14 +257,17 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
             failed=pl.col("failed").sum(),
             *[pl.col(m).mean() for m in (*mean_cols, *extra)],
             *[pl.col(m).any() for m in marks],
+            *prefix_check.summary_exprs(seeds.collect_schema()),
         )
-        .select([*by, *METRIC_COLUMNS, *extra, *marks])
+        .select([*by, *METRIC_COLUMNS, *extra, *marks,
+                 *[c for c in prefix_check.COLUMNS if c in seeds.collect_schema()]])
         .collect()
     )
     if marks and not out.get_column("saturated").any():
         out = out.drop("saturated")  # no step saturated: the table stays as it was
     if extra and out.get_column("prefix_cache_hit_rate").null_count() == out.height:
         out = out.drop("prefix_cache_hit_rate")  # caching was off everywhere: the table stays as it was
+    out = prefix_check.add_check(out)
     if baseline != "round_robin":
         out = out.rename({"improvement_vs_round_robin_pct": improvement_pct_col(baseline),
                           "improvement_vs_round_robin_s": improvement_s_col(baseline)})

@@ -11,6 +11,10 @@ so its root is the most recent).
 
 Only the hashes that cover the prompt are used (a session turn's hashes also
 name its future answer, which a gateway cannot know).
+
+A node names one block of the request's own hashes (its ``prefix_block_tokens``), or, when the tree is given
+``block_tokens``, one block of that size cut from them (``lbbench.prefix_blocks``) with the prompt's incomplete
+tail block keyed too: llm-d's prefix index hashes 64-token blocks of the prompt, its tail included.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from ..prefix_blocks import block_keys
 from ..profiles import Profile
 
 
-def prompt_chains(request: Request) -> tuple[list[int], int]:
-    """The request's prefix-hash chain over its prompt, and the tokens per hash."""
+def prompt_chains(request: Request, block_tokens: int | None = None) -> tuple[list[int], int]:
+    """The request's prefix-hash chain over its prompt, and the tokens per node: one node per hash, or per
+    ``block_tokens`` block (the prompt's incomplete tail block included)."""
+    if block_tokens is not None:
+        return block_keys(request, block_tokens, partial=True), block_tokens
     g = request.prefix_block_tokens or DEFAULT_PREFIX_BLOCK_TOKENS
     hashes = request.prefix_hashes
     if not hashes:
@@ -44,8 +52,9 @@ def lru_bound(lru_tokens: int | None, profile: Profile | None) -> int:
 class PrefixTrees:
     """One bounded LRU prefix tree per instance, keyed by hash chains."""
 
-    def __init__(self, num_instances: int, max_tokens: int):
+    def __init__(self, num_instances: int, max_tokens: int, block_tokens: int | None = None):
         self.max_tokens = max_tokens
+        self.block_tokens = block_tokens
         #: per instance: chain -> tokens its block names, least recently used first
         self.trees: list[OrderedDict[int, int]] = [OrderedDict() for _ in range(num_instances)]
         self.tokens = [0] * num_instances
@@ -55,20 +64,24 @@ class PrefixTrees:
         m = self._memo
         if m is not None and m[0] == request.request_id:
             return m[1], m[2]
-        chains, g = prompt_chains(request)
+        chains, g = prompt_chains(request, self.block_tokens)
         self._memo = (request.request_id, chains, g)
         return chains, g
 
-    def match_tokens(self, instance: int, request: Request) -> int:
-        """Prompt tokens of ``request`` expected cached on ``instance``."""
-        chains, g = self._chains(request)
+    def match_blocks(self, instance: int, request: Request) -> int:
+        """Leading nodes of ``request``'s prompt found in ``instance``'s tree."""
+        chains, _ = self._chains(request)
         tree = self.trees[instance]
         n = 0
         for c in chains:
             if c not in tree:
                 break
             n += 1
-        return min(n * g, request.prompt_tokens)
+        return n
+
+    def match_tokens(self, instance: int, request: Request) -> int:
+        """Prompt tokens of ``request`` expected cached on ``instance``."""
+        return min(self.match_blocks(instance, request) * self._chains(request)[1], request.prompt_tokens)
 
     def match_rates(self, request: Request) -> list[float]:
         p = max(1, request.prompt_tokens)
