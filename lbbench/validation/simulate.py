@@ -53,6 +53,11 @@ class Unit:
     seed: int
     max_stage_s: float | None
 
+    @property
+    def label(self) -> str:
+        """The experiment's id (what an executor's error names)."""
+        return self.key
+
 
 def group_rows(rows: Sequence[Any]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = defaultdict(list)
