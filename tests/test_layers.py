@@ -63,7 +63,5 @@ def test_every_lazy_import_says_why():
     uncommented = []
     for name, info in modules.items():
         hm.collect_imports(info, known)
-        if name == "lbbench.sim.cluster":
-            continue  # its fork import (fork imports cluster) is being rewritten with the one event loop
         uncommented += [name] * sum(n for (_, commented), n in info.lazy.items() if not commented)
     assert not uncommented, f"imports inside functions without a '# lazy: why' comment in: {sorted(set(uncommented))}"

@@ -262,7 +262,7 @@ class ClusterSim:
     def clone(self) -> "ClusterSim":
         """An independent copy at the current time (``lbbench.sim.fork``): instance states, event queue,
         dispatcher queue, cluster state and counters are copied; profiles and requests are shared."""
-        from .fork import fork  # fork imports this module
+        from .fork import fork  # lazy: a cycle (fork imports this module)
         return fork(self)
 
     @property
