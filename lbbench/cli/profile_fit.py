@@ -22,8 +22,9 @@ from ..validation.fit import FIT_BOUNDS
               help="Calibration to start from (default: the one shipped with lbbench).")
 @click.option("--params", default=",".join(FIT_BOUNDS), show_default=True,
               help="Comma-separated factors to fit (the others stay as the starting calibration has them).")
-@click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True,
-              help="Coordinate-descent rounds over the factors.")
+@click.option("--rounds", type=click.IntRange(0, 10), default=2, show_default=True,
+              help="Coordinate-descent rounds over the factors (0: keep the starting calibration as it is, e.g. to "
+                   "cross-validate it; the held-out refits then run one round).")
 @click.option("--max-stage-s", type=click.FloatRange(min=10), default=None,
               help="Simulate only the first seconds of each stage while fitting (faster; checked on full runs).")
 @click.option("--cross-validate", "cross", default=None,
@@ -76,7 +77,8 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
         if report_dir:
             write_outputs(fitted, Path(report_dir) / "fitted", "Fitted rows (in-sample)")
         for c in by:
-            held = cross_validate(rows, res, by=c, max_stage_s=max_stage_s, executor=ex, progress=say)
+            held = cross_validate(rows, res, by=c, rounds=max(rounds, 1), params=names, max_stage_s=max_stage_s,
+                                  executor=ex, progress=say)
             click.echo("\n" + render_text(held, f"Held out by {c} (each group fitted without it)"))
             if report_dir:
                 write_outputs(held, Path(report_dir) / f"held-out-{c}", f"Held out by {c}")

@@ -138,17 +138,17 @@ def fit(rows: Sequence[Any], start: RooflineEfficiency, *, api_overhead_s: float
 
 
 def cross_validate(rows: Sequence[Any], start: FitResult, by: str = "model", *, rounds: int = 1,
-                   max_stage_s: float | None = None, executor: Any = None,
+                   params: Sequence[str] = tuple(FIT_BOUNDS), max_stage_s: float | None = None, executor: Any = None,
                    progress: Callable[[str], None] | None = None) -> pl.DataFrame:
-    """For each value of column ``by``: fit on the other rows (from ``start``), simulate the held-out rows in full;
-    the frame of :func:`~lbbench.validation.simulate.simulate_rows` with a ``held_out`` column."""
+    """For each value of column ``by``: fit ``params`` on the other rows (from ``start``), simulate the held-out
+    rows in full; the frame of :func:`~lbbench.validation.simulate.simulate_rows` with a ``held_out`` column."""
     groups = sorted({str(value(r, by)) for r in rows})
     frames = []
     for g in groups:
         train = [r for r in rows if str(value(r, by)) != g]
         test = [r for r in rows if str(value(r, by)) == g]
-        res = fit(train, start.eff, api_overhead_s=start.api_overhead_s, rounds=rounds, max_stage_s=max_stage_s,
-                  executor=executor) if train else start
+        res = fit(train, start.eff, api_overhead_s=start.api_overhead_s, params=params, rounds=rounds,
+                  max_stage_s=max_stage_s, executor=executor) if train else start
         if progress is not None:
             progress(f"held out {by}={g}: loss on the rest {res.loss:.4f}")
         frames.append(simulate_rows(test, res.eff, api_overhead_s=res.api_overhead_s, executor=executor)
