@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core import Request
-from ..errors import InputError
 from ..experiment.config import RunConfig
 from ..experiment.workload import build_requests
 from ..profiles import load_profile
@@ -195,13 +194,10 @@ def synth_cmd(workload: str, out: str, rate: float, requests: int, seed: int, bu
     An agentic workload is written open loop (every call at its planned time); closed-loop sessions are refused.
     `lbbench run --trace OUT` then replays the same requests.
     """
-    spec = open_loop_spec(workload)
-    try:
-        prof = load_profile(profile)
-        reqs = build_requests(RunConfig(workload=spec, rate_per_s=rate, requests=requests, burstiness=burstiness),
-                              prof, seed, None)
-        tf = write_workload_trace(reqs, spec, out)
-    except (InputError, WorkloadError) as exc:
-        raise TraceInputError(user_message(exc)) from None
+    spec = open_loop_spec(workload)  # bad input raises InputError: one line and exit 2 (the CLI group's handler)
+    prof = load_profile(profile)
+    reqs = build_requests(RunConfig(workload=spec, rate_per_s=rate, requests=requests, burstiness=burstiness),
+                          prof, seed, None)
+    tf = write_workload_trace(reqs, spec, out)
     blocks = f", prefix hashes of {tf.block_tokens} tokens" if tf.block_tokens else ""
     click.echo(f"wrote {len(tf)} requests of {spec} (seed {seed}) to {out}{blocks}")

@@ -86,6 +86,28 @@ class EngineLimits:
     block_size: int = 16
     #: KV blocks the engine reported (``gpu_kv_blocks``); None: sized as vLLM's memory profiler does
     num_gpu_blocks: int | None = None
+    #: vLLM's CPU KV offloading (``--kv-offloading-size`` GiB per GPU; 0: none): a CPU tier of that many GiB of
+    #: blocks, loaded over the GPU's host link (``lbbench.sim.offload``)
+    cpu_offload_gib: float = 0.0
+
+
+def _cpu_tier(engine: EngineLimits, shape: RooflineShape, gpu: GPU) -> dict[str, float]:
+    """``[kv]``'s CPU tier: ``cpu_offload_gib`` of one GPU's blocks (a block holds that GPU's share of 16 tokens'
+    KV, as vLLM's offloading connector sizes its CPU blocks: 8 GiB of Llama-4-Scout at TP 2 is 5,461 blocks), loaded
+    over the GPU's host link. Empty without offloading; refused without prefix caching (the tier finds blocks by
+    their prefix hashes)."""
+    if engine.cpu_offload_gib <= 0:
+        return {}
+    from .derive import DeriveError  # lazy: a cycle (derive imports this module)
+
+    if not engine.enable_prefix_caching:
+        raise DeriveError("cpu_offload_gib: vLLM's CPU KV tier finds blocks by their prefix hashes; turn prefix "
+                          "caching on")
+    if gpu.host_link_bytes_s <= 0:
+        raise DeriveError(f"gpu {gpu.name}: no host link bandwidth in the GPU table for CPU KV offload")
+    per_block = shape.kv_bytes_per_token * engine.block_size
+    return {"cpu_offload_blocks": int(engine.cpu_offload_gib * 2 ** 30 // per_block),
+            "kv_bytes_per_block": float(per_block), "cpu_link_bytes_s": gpu.host_link_bytes_s}
 
 
 def weights_bytes_per_gpu(model: ModelConfig, weights_dtype: str, tp: int) -> float:
@@ -151,7 +173,7 @@ def derive_roofline_profile(model: ModelConfig, gpu: GPU, *, tp: int = 1, weight
         "roofline": shape.as_dict(),
         "efficiency": eff.as_dict(),
         "kv": {"num_kv_blocks": num_blocks, "block_size": engine.block_size,
-               "enable_prefix_caching": engine.enable_prefix_caching},
+               "enable_prefix_caching": engine.enable_prefix_caching, **_cpu_tier(engine, shape, gpu)},
         "engine": {"max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": mnbt,
                    "max_model_len": max_model_len, "chunked_prefill": True, "scheduler": "v1",
                    "long_prefill_token_threshold": engine.long_prefill_token_threshold,

@@ -190,7 +190,8 @@ def build_profile(row: Any, eff: RooflineEfficiency, eff_source: str, api_overhe
         long_prefill_token_threshold=int(number(row, "long_prefill_token_threshold") or 0),
         enable_prefix_caching=flag(row, "prefix_caching") is not False,  # vLLM V1 enables it by default
         async_scheduling=_async_by_default(value(row, "engine"), value(row, "engine_version")),
-        num_gpu_blocks=int(number(row, "gpu_kv_blocks")) if number(row, "gpu_kv_blocks") else None)
+        num_gpu_blocks=int(number(row, "gpu_kv_blocks")) if number(row, "gpu_kv_blocks") else None,
+        cpu_offload_gib=number(row, "cpu_offload_gib") or 0.0)
     data = derive_roofline_profile(cfg, gpu, tp=tp, weights_dtype=weights, kv_dtype=kv, engine=engine, eff=eff,
                                    eff_source=eff_source, api_overhead_s=api_overhead_s,
                                    name=f"{value(row, 'id')}")
@@ -208,9 +209,10 @@ def build_setup(key: str, rows: Sequence[Any], eff: RooflineEfficiency, *, eff_s
     except (ValueError, InputError) as exc:
         setup.not_covered = str(exc)
         return setup
-    if (number(first, "cpu_offload_gib") or 0) > 0:
-        setup.notes.append(f"CPU KV offload of {number(first, 'cpu_offload_gib'):g} GiB not modelled (the GPU cache "
-                           "alone serves prefix hits)")
+    prof = setup.profile
+    if prof.cpu_offload_blocks:
+        setup.notes.append(f"CPU KV offload of {number(first, 'cpu_offload_gib'):g} GiB: a CPU tier of "
+                           f"{prof.cpu_offload_blocks:,} blocks loaded at {prof.cpu_link_bytes_s / 1e9:g} GB/s")
     setup.replicas = int(number(first, "replicas") or 1)
     out = int(number(first, "output_tokens") or 0)
     if out < 1:

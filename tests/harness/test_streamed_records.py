@@ -73,8 +73,11 @@ def _in_memory(cfg: RunConfig, runs) -> pl.DataFrame:
             df = df.with_columns([pl.Series("load_worker", wid), pl.Series(
                 "clock_offset_s", [res.clock_offsets[w] if w is not None else None for w in wid])])
         at = res.saturated_at_s
+        # a Poisson workload names no prefix hashes and does not mean to reuse prefixes (the prefix-hit check)
         frames.append(df.with_columns(pl.lit(at is not None).alias("saturated"),
-                                      pl.lit(at, dtype=pl.Float64).alias("saturated_at_s")))
+                                      pl.lit(at, dtype=pl.Float64).alias("saturated_at_s"),
+                                      pl.lit(None, dtype=pl.Float64).alias("intended_prefix_hit_rate"),
+                                      pl.lit(False).alias("reuse_intended")))
     return pl.concat(frames, how="diagonal_relaxed")
 
 
