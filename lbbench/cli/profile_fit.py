@@ -63,8 +63,9 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
                   max_stage_s=max_stage_s, executor=ex, progress=say)
         gpus = sorted({str(value(r, "gpu")) for r in rows})
         engines = sorted({f"{value(r, 'engine')} {value(r, 'engine_version')}" for r in rows})
-        info = {"fitted_on": f"{Path(measured).name}: {len({value(r, 'id') for r in rows})} experiments, "
-                             f"{len(rows)} stages; "
+        left_out = len({value(r, 'id') for r in rows}) - res.experiments_fitted
+        info = {"fitted_on": f"{Path(measured).name}: {res.experiments_fitted} experiments, {res.rows_fitted} stages "
+                             f"({left_out} experiments left out: overloaded stages or assumed prompt lengths); "
                              f"GPUs {', '.join(gpus)}; {', '.join(engines)}",
                 "method": f"lbbench profile fit: coordinate descent over {', '.join(names)}, {rounds} rounds, "
                           "loss = mean |log(predicted / measured)| of mean E2E, TTFT and ITL per stage",

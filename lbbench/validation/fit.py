@@ -60,6 +60,8 @@ class FitResult:
     loss: float
     history: list[dict[str, float]] = field(default_factory=list)
     rows_fitted: int = 0
+    #: experiments those rows belong to (the overloaded ones and those with assumed prompts left out)
+    experiments_fitted: int = 0
 
     def params(self) -> dict[str, float]:
         return {**{k: getattr(self.eff, k) for k in FIT_BOUNDS if k != "api_overhead_s"},
@@ -134,7 +136,8 @@ def fit(rows: Sequence[Any], start: RooflineEfficiency, *, api_overhead_s: float
         history.append({"round": rnd, "loss": best, **FitResult(eff, api, best).params()})
         if before - best < 1e-3:
             break
-    return FitResult(eff, api, best, history, rows_fitted=len(rows))
+    return FitResult(eff, api, best, history, rows_fitted=len(rows),
+                     experiments_fitted=len({str(value(r, "id")) for r in rows}))
 
 
 def cross_validate(rows: Sequence[Any], start: FitResult, by: str = "model", *, rounds: int = 1,
