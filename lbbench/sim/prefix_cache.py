@@ -35,27 +35,16 @@ import copy
 from collections import OrderedDict
 from typing import Any
 
-from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
+from ..core import Request
+from ..prefix_blocks import block_keys as prefix_block_keys
 from .kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventCallback
 
 
+
 def block_keys(request: Request, block_size: int) -> list[int]:
-    """Keys of the full ``block_size``-token blocks that ``request``'s prefix hashes name."""
-    hashes = request.prefix_hashes
-    if not hashes:
-        return []
-    g = request.prefix_block_tokens or DEFAULT_PREFIX_BLOCK_TOKENS
-    covered = min(len(hashes) * g, request.prompt_tokens + request.output_tokens)
-    keys: list[int] = []
-    chain = 0
-    done = -1  # hashes folded into ``chain`` so far
-    for end in range(block_size, covered + 1, block_size):
-        j = (end - 1) // g
-        while done < j:
-            done += 1
-            chain = hash((chain, int(hashes[done])))
-        keys.append(hash((chain, end)))
-    return keys
+    """The engine's keys of ``request``: its full ``block_size``-token blocks over prompt and output, as far as
+    its prefix hashes name them (``lbbench.prefix_blocks``, the one hash chain routers and workloads use too)."""
+    return prefix_block_keys(request, block_size, limit_tokens=request.prompt_tokens + request.output_tokens)
 
 
 class Hit:
