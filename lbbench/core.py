@@ -53,6 +53,9 @@ class Request:
     session_id: int | None = None
     turn: int | None = None
     think_s: float = 0.0
+    #: flow control (``lbbench.admission``): the tenant (llm-d's fairness id) and its priority band (higher first)
+    tenant: str | None = None
+    priority_band: int = 0
 
     @property
     def expected_output_tokens(self) -> int:

@@ -8,6 +8,10 @@ until it defers (returns ``None``) or the queue is empty, applies each
 ``Dispatched`` event to the shared ``ClusterState`` so the next decision in the
 same epoch sees it, and returns the dispatches for the backend to carry out.
 
+With flow control on (``admission=``, a ``lbbench.admission.FlowController``) an arriving request is held at
+the gateway and released to the router's queue while the pool has room; what is over capacity is shed into
+``shed`` as ``(request, http_status)``, which the backend turns into records (never dropped).
+
 The dispatcher owns the router protocol (routers never import this module).
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, runtime_checkable
 
+from .admission import STATUS_EVICTED, STATUS_REJECTED, FlowController
 from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request
 from .errors import SetupError
 
@@ -55,8 +60,13 @@ class RouterError(SetupError):
 class Dispatcher:
     """Central FIFO queue (arrival order) + decision epochs."""
 
-    def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None):
+    def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None,
+                 admission: FlowController | None = None):
         self.state = state
+        #: flow control (None: every arrival joins the router's queue)
+        self.admission = admission
+        #: requests shed by flow control, ``(request, http_status)``, for the backend to record and clear
+        self.shed: list[tuple[Request, int]] = []
         self.max_per_epoch = max_per_epoch
         self._queue: list[Request] = []
         self.set_router(router)
@@ -82,8 +92,33 @@ class Dispatcher:
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting at the router or held by flow control."""
+        adm = self.admission
+        return len(self._queue) + (adm.num_held if adm is not None else 0)
+
     def arrive(self, request: Request) -> None:
-        self._queue.append(request)
+        adm = self.admission
+        if adm is None:
+            self._queue.append(request)
+            return
+        adm.hold(request)
+        self._release()
+        for r in adm.shed():
+            if r is request:
+                adm.num_rejected += 1
+                self.shed.append((r, STATUS_REJECTED))
+            else:
+                adm.num_evicted += 1
+                self.shed.append((r, STATUS_EVICTED))
+
+    def _release(self) -> None:
+        """Move the held requests the pool has room for to the router's queue."""
+        adm = self.admission
+        n = adm.room(self.state.view(), len(self._queue))  # type: ignore[union-attr]
+        if n > 0:
+            self._queue.extend(adm.release(n))  # type: ignore[union-attr]
 
     def drop(self, queue_index: int) -> Request:
         """Remove a queued request without dispatching it (e.g. it can never be served)."""
@@ -105,6 +140,8 @@ class Dispatcher:
         guard = self.guard
         if guard is not None and guard.skip(now_s):
             return out
+        if self.admission is not None and self.admission.num_held:
+            self._release()
         queue = self._queue
         n_inst = self.state.num_instances
         while queue and (self.max_per_epoch is None or len(out) < self.max_per_epoch):

@@ -139,6 +139,8 @@ def fork(sim: "ClusterSim") -> "ClusterSim":
     disp.__dict__.update({k: _plain(v) for k, v in sim.dispatcher.__dict__.items()})
     disp.state = state
     disp.guard = None  # an epoch guard reads the original's state
+    if disp.admission is not None:
+        disp.admission = disp.admission.fork()
     d["dispatcher"] = disp
     d["_progress"] = None
     new.__dict__.update(d)
