@@ -44,7 +44,15 @@ STATUS_REJECTED, STATUS_EVICTED = 429, 503
 
 
 class AdmissionError(InputError):
-    """A bad ``--admission`` or ``--tenants`` spec, or a request of an unknown tenant; names the flag's field."""
+    """A bad ``--admission`` or ``--tenants`` spec, or a request of an unknown tenant; names its field
+    (``admission`` or ``tenants``), given as the message's leading ``FIELD: ``."""
+
+    def __init__(self, problem: str, field: str | None = None):
+        if field is None:
+            head, sep, rest = problem.partition(": ")
+            if sep and head in ("admission", "tenants"):
+                field, problem = head, rest
+        super().__init__(problem, field)
 
 
 @dataclass(frozen=True)

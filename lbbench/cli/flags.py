@@ -27,7 +27,7 @@ FLAGS: dict[str, str] = {
     "trace": "--trace", "rate_per_s": "--rate", "rates": "--rate", "requests": "--requests", "orders": "--order",
     "seeds": "--seeds", "seed": "--seed", "burstiness": "--burstiness", "prompt_tokens": "--prompt-tokens",
     "output_tokens": "--output-tokens", "routers": "--router", "router_options": "--router-opt",
-    "predictor": "--predictor", "timeline_interval_s": "--timeline-interval", "slo": "--slo", "jobs": "--jobs",
+    "predictor": "--predictor", "admission": "--admission", "tenants": "--tenants", "timeline_interval_s": "--timeline-interval", "slo": "--slo", "jobs": "--jobs",
     "endpoints": "--endpoint", "endpoint": "--endpoint", "launch_model": "--launch", "launch_args": "--launch-args", "model": "--model",
     "api": "--api", "engine": "--engine", "prompt_mode": "--prompt-mode", "tokenizer": "--tokenizer",
     "vllm_python": "--vllm-python", "request_timeout_s": "--request-timeout", "checkpoint": "--checkpoint",
