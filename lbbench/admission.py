@@ -244,6 +244,18 @@ class FlowController:
         self.num_held -= 1
         return req
 
+    def withdraw(self, request_id: int) -> Request | None:
+        """Take a held request out (its client went away); None when it is not held."""
+        for band in self._bands.values():
+            for flow in band.flows.values():
+                for k, (_, r) in enumerate(flow):
+                    if r.request_id == request_id:
+                        del flow[k]
+                        band.num_held -= 1
+                        self.num_held -= 1
+                        return r
+        return None
+
     def shed(self) -> list[Request]:
         """Requests shed to bring the held ones back to ``max_queue``: from the lowest band, the tenant holding the
         most (ties: the one whose newest request came last), its newest request."""

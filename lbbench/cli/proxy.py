@@ -7,6 +7,7 @@ import signal
 
 import click
 
+from ..admission import parse_admission, parse_tenants
 from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
@@ -32,9 +33,17 @@ from .flags import parse_value, read_endpoints_file
 @click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--admission", default=None, metavar="max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]",
+              help="Flow control: hold requests while every backend has max_outstanding in flight (default: the "
+                   "profile's max_num_seqs, else 256), release them by priority band and tenant, shed over "
+                   "max_queue (429; 503 when displaced).")
+@click.option("--tenants", default=None, metavar="NAME[:PRIORITY][@SHARE],...",
+              help="Known tenants (the x-llm-d-inference-fairness-id header) and their priority bands; another "
+                   "tenant is refused with 400.")
 def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
           predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
-          max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int) -> None:
+          max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int, admission: str | None,
+          tenants: str | None) -> None:
     """An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, streaming or not; /v1/models,
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
@@ -53,6 +62,8 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         if not eq:
             raise click.BadParameter(f"{o!r}: expected KEY=VALUE", param_hint="--router-opt")
         opts[k] = parse_value(v)
+    adm = parse_admission(admission) if admission is not None else None
+    known = parse_tenants(tenants) if tenants is not None else None
     prof = load_profile(profile) if profile else None
     if needs_simulator(router):
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
@@ -62,7 +73,8 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         pred = load_predictor(predictor, profile=prof, seed=seed)
     cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
-                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02)
+                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02,
+                      admission=adm, tenants=known)
     gw = Gateway(cfg)
 
     async def main() -> None:
