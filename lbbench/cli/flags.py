@@ -68,6 +68,20 @@ def user_message(exc: BaseException) -> str:
     return text
 
 
+def admission_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--admission SPEC`` and ``--tenants SPEC`` -> keywords ``admission``, ``tenants`` (``lbbench.admission``)."""
+    f = click.option("--tenants", default=None, metavar="NAME[:PRIORITY][@SHARE],...",
+                     help="Tenants (flow control's fairness ids) and their priority bands, higher first; a run draws "
+                          "them for its requests by share (a session keeps one), the proxy reads them from the "
+                          "x-llm-d-inference-fairness-id header and refuses another tenant with 400.")(f)
+    return click.option("--admission", default=None,
+                        metavar="max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]",
+                        help="Flow control at the gateway (as llm-d's): requests wait there while every instance "
+                             "has max_outstanding in flight (default: its max_num_seqs), are released by priority "
+                             "band and tenant, and are shed over max_queue (429; 503 when displaced); a shed "
+                             "request is a record.")(f)
+
+
 def api_server_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--api-server-cores client|instance`` -> keyword ``api_server_cores`` (with ``--cpus-per-instance``)."""
     return click.option("--api-server-cores", "api_server_cores", type=click.Choice(["client", "instance"]),

@@ -12,7 +12,7 @@ from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
 from ..routers.registry import ORACLE_REFUSAL, needs_simulator
-from .flags import parse_value, read_endpoints_file
+from .flags import admission_options, parse_value, read_endpoints_file
 
 
 @click.command("proxy")
@@ -33,13 +33,7 @@ from .flags import parse_value, read_endpoints_file
 @click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--admission", default=None, metavar="max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]",
-              help="Flow control: hold requests while every backend has max_outstanding in flight (default: the "
-                   "profile's max_num_seqs, else 256), release them by priority band and tenant, shed over "
-                   "max_queue (429; 503 when displaced).")
-@click.option("--tenants", default=None, metavar="NAME[:PRIORITY][@SHARE],...",
-              help="Known tenants (the x-llm-d-inference-fairness-id header) and their priority bands; another "
-                   "tenant is refused with 400.")
+@admission_options
 def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
           predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
           max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int, admission: str | None,

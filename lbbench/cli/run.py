@@ -35,7 +35,7 @@ from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
-from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
+from .flags import admission_options, api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
 from .trace import trace_options, trace_transform_options
 
 
@@ -275,13 +275,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "planner's horizon and costs) and record each decision's regret (implies --decisions).")
 @click.option("--counterfactual-every", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="--counterfactual at every N-th decision only (bounds the run time).")
-@click.option("--admission", default=None, metavar="max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]",
-              help="Flow control at the gateway (as llm-d's): requests wait there while every instance has "
-                   "max_outstanding in flight (default: its max_num_seqs), are released by priority band and "
-                   "tenant, and are shed over max_queue (429; 503 when displaced). Shed requests are records.")
-@click.option("--tenants", default=None, metavar="NAME[:PRIORITY][@SHARE],...",
-              help="Tenants drawn for the requests by share (a session keeps one), each with its priority band "
-                   "(higher first): flow control's fairness ids.")
+@admission_options
 @trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.
