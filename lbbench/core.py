@@ -395,6 +395,11 @@ class ClusterState:
     def outstanding_ids(self, instance: int) -> list[int]:
         return list(self._inst[instance].entries)
 
+    def replica(self) -> "ClusterState":
+        """An empty state of the same instances (specs) and buckets: one fed the same events later (a router's
+        delayed view, ``Dispatcher(signal_lag_s=...)``)."""
+        return ClusterState([inst.spec for inst in self._inst], self.prompt_buckets, self.decode_buckets)
+
     def composition(self) -> tuple[tuple[int, int, int, bool], ...]:
         """Per instance ``(num_outstanding, num_prefilling, prompt_tokens_pending, healthy)``, cheaper than a
         view: it changes when a request is dispatched, starts decoding, is preempted or finishes, or an

@@ -152,7 +152,7 @@ CASES = {
             "--output-tokens", "64", "--predictor", "noisy:0.8", "--router-opt", "jsq.tie_break=true",
             "--timeline-interval", "0", "--counterfactual", "2", "--counterfactual-every", "3",
             "--saturation-threshold", "3", "--saturation-window", "10", "--ray",
-            "--admission", "max_queue=8,fairness=fcfs", "--tenants", "gold:1@1,std@3"],
+            "--admission", "max_queue=8,fairness=fcfs", "--tenants", "gold:1@1,std@3", "--signal-lag-s", "0.5"],
     "classes": ["--workload", "paper-classes", "--order", "lh_then_hl,all_random", "--chunked-prefill", "on",
                 "--router", "wgrl", "--checkpoint", "ckpt/"],
     "trace": ["--trace", "t.csv", "--trace-format", "mapped", "--mapping", "arrival=a,prompt=p,output=o",

@@ -34,10 +34,13 @@ from .flags import admission_options, parse_value, read_endpoints_file
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @admission_options
+@click.option("--signal-lag-s", "signal_lag_s", type=float, default=0.0, show_default=True, metavar="S",
+              help="The router sees what the backends report (first tokens, finishes, health) S seconds late, as "
+                   "a scraped or published signal (its own dispatches at once).")
 def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
           predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
           max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int, admission: str | None,
-          tenants: str | None) -> None:
+          tenants: str | None, signal_lag_s: float) -> None:
     """An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, streaming or not; /v1/models,
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
@@ -68,7 +71,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
                       max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02,
-                      admission=adm, tenants=known)
+                      admission=adm, tenants=known, signal_lag_s=signal_lag_s)
     gw = Gateway(cfg)
 
     async def main() -> None:

@@ -130,7 +130,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         saturation_stop=not kw.get("no_saturation_stop", False), on_saturation=kw.get("on_saturation", "drain"),
         decisions=kw["decisions"] or kw["counterfactual"] is not None,
         counterfactual=kw["counterfactual"], counterfactual_every=kw["counterfactual_every"],
-        admission=kw.get("admission"), tenants=kw.get("tenants"),
+        admission=kw.get("admission"), tenants=kw.get("tenants"), signal_lag_s=kw.get("signal_lag_s", 0.0),
     )
 
 
@@ -276,6 +276,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
 @click.option("--counterfactual-every", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="--counterfactual at every N-th decision only (bounds the run time).")
 @admission_options
+@click.option("--signal-lag-s", "signal_lag_s", type=float, default=0.0, show_default=True, metavar="S",
+              help="Simulator: the router sees what the instances report (load, first tokens, finishes) S seconds "
+                   "late, as a scraped or published signal; its own dispatches at once.")
 @trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.

@@ -77,7 +77,8 @@ class SimFleet:
                          instance_scheduler=unit.variant.instance_scheduler,
                          chunked_prefill=unit.variant.chunked_prefill, seed=unit.seed, run_id=work.run_id,
                          timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching,
-                         admission=parse_admission(cfg.admission) if cfg.admission else None)
+                         admission=parse_admission(cfg.admission) if cfg.admission else None,
+                         signal_lag_s=cfg.signal_lag_s)
         records = sim.run(router, label=unit.router,
                           progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         rows = [(s.time_s, s.instance, s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,

@@ -101,6 +101,9 @@ class RunConfig:
     tenants: str | None = None
     """Tenants drawn for the requests, ``NAME[:PRIORITY][@SHARE],...`` (``lbbench.admission.parse_tenants``):
     flow control's fairness ids and priority bands; None: one anonymous tenant in band 0."""
+    signal_lag_s: float = 0.0
+    """The router sees what the instances report (load, first tokens, finishes) this many seconds late
+    (``lbbench.dispatch.Dispatcher``); 0: at once."""
     # -- output -------------------------------------------------------------------------------------------
     timeline_interval_s: float | None = 1.0
     slo: dict[str, float] = field(default_factory=dict)
@@ -292,6 +295,11 @@ class RunConfig:
                 parse_tenants(self.tenants)
         except AdmissionError as exc:
             raise ConfigError(exc.problem, exc.field) from None
+        if not self.signal_lag_s >= 0:
+            raise ConfigError(f"{self.signal_lag_s:g} must be >= 0 seconds", "signal_lag_s")
+        if self.signal_lag_s and self.live:
+            raise ConfigError("a signal lag runs in the simulator and in lbbench proxy (--signal-lag-s); a live "
+                              "replay routes on its own events", "signal_lag_s")
         if self.admission is not None and self.live:
             raise ConfigError("flow control runs in the simulator and in lbbench proxy; a live replay sends "
                               "every request (put lbbench proxy --admission in front of the endpoints)", "admission")

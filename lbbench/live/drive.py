@@ -78,10 +78,11 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 class Drive:
     def __init__(self, router: Router, specs: Sequence[InstanceSpec], *, min_step_s: float,
                  on_dispatch: DispatchFn, on_error: Callable[[BaseException], None] | None = None,
-                 admission: AdmissionSpec | None = None, on_shed: Callable[[Request, int], None] | None = None):
+                 admission: AdmissionSpec | None = None, on_shed: Callable[[Request, int], None] | None = None,
+                 signal_lag_s: float = 0.0):
         self.state = ClusterState(list(specs))
         self.dispatcher = Dispatcher(router, self.state, admission=None if admission is None else FlowController(
-            admission, list(specs)))
+            admission, list(specs)), signal_lag_s=signal_lag_s)
         #: flow control shed a request: ``on_shed(request, http_status)`` (429 on arrival, 503 displaced)
         self.on_shed = on_shed
         self.min_step_s = min_step_s

@@ -64,6 +64,8 @@ class ProxyConfig:
     admission: AdmissionSpec | None = None
     #: known tenants and their priority bands (None: any fairness id, band 0)
     tenants: Sequence[Tenant] | None = None
+    #: the router sees what the backends report this much later (``Dispatcher``; 0: at once)
+    signal_lag_s: float = 0.0
 
 
 #: the request header naming the tenant (llm-d's fairness id)
@@ -107,7 +109,7 @@ class Gateway:
         n = len(cfg.backends)
         self.drive = Drive(cfg.router, list(cfg.specs) if cfg.specs else [InstanceSpec(min_step_s=cfg.min_step_s)] * n,
                            min_step_s=cfg.min_step_s, on_dispatch=self._dispatched, admission=cfg.admission,
-                           on_shed=self._shed)
+                           on_shed=self._shed, signal_lag_s=cfg.signal_lag_s)
         self._bands = {t.name: t.priority for t in cfg.tenants} if cfg.tenants else None
         self.state = self.drive.state
         self.dispatcher = self.drive.dispatcher

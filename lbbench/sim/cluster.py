@@ -46,6 +46,8 @@ Flow control (``admission=``, ``lbbench.admission``): arrivals are held at the g
 router as the pool has room; a request shed there (429 on arrival, 503 displaced) is recorded at once with its
 ``http_status`` and ``error`` and no instance (``instance = -1``).
 
+A signal lag (``signal_lag_s``): the router sees the instances as they were that long ago (``Dispatcher``).
+
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
 at its own ``arrival_s`` if that is later.
@@ -124,7 +126,8 @@ class ClusterSim:
                  prompt_buckets: tuple[int, ...] | None = None,
                  decode_buckets: tuple[int, ...] | None = None,
                  prefix_caching: bool | None = None,
-                 profiles: Sequence[Profile] | None = None, admission: AdmissionSpec | None = None):
+                 profiles: Sequence[Profile] | None = None, admission: AdmissionSpec | None = None,
+                 signal_lag_s: float = 0.0):
         if num_instances < 1:
             raise ValueError("instances must be >= 1")
         if profiles is None:
@@ -176,7 +179,7 @@ class ClusterSim:
         self._auto = True
         self._progress: Callable[[int, int], None] | None = None
         self.dispatcher = Dispatcher(_Hold(), self.state, admission=None if admission is None else FlowController(
-            admission, [specs[id(p)] for p in profiles]))
+            admission, [specs[id(p)] for p in profiles]), signal_lag_s=signal_lag_s)
         if timeline_interval_s:
             self._push(0.0, _SAMPLE, None)
 
