@@ -11,7 +11,7 @@ from ..admission import parse_admission, parse_tenants
 from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
-from ..routers.registry import ORACLE_REFUSAL, needs_simulator
+from ..routers.registry import KV_EVENTS_REFUSAL, ORACLE_REFUSAL, needs_kv_events, needs_simulator
 from .flags import admission_options, parse_value, read_endpoints_file
 
 
@@ -64,6 +64,8 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     prof = load_profile(profile) if profile else None
     if needs_simulator(router):
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
+    if needs_kv_events(router):
+        raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
     r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
     pred = None
     if predictor:

@@ -23,7 +23,8 @@ from ..live.saturation import DEFAULT_WINDOW_S
 from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
 from ..routers import get_router
-from ..routers.registry import ORACLE_REFUSAL, UnknownRouterError, needs_simulator
+from ..routers.registry import (KV_EVENTS_REFUSAL, ORACLE_REFUSAL, UnknownRouterError, needs_kv_events,
+                                needs_simulator)
 from ..sim.instance import INSTANCE_SCHEDULERS
 from ..workloads import PAPER_CLASS_ORDERS
 
@@ -357,6 +358,8 @@ class RunConfig:
         for r in self.routers:
             if needs_simulator(r):
                 raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")
+            if needs_kv_events(r):
+                raise ConfigError(KV_EVENTS_REFUSAL.format(name=r), "routers")
         if len(self.instance_schedulers) > 1:
             raise ConfigError("a live fleet runs one instance scheduler, its servers' own; give one",
                               "instance_schedulers")

@@ -333,6 +333,9 @@ class ClusterSim:
         bind = getattr(router, "bind_simulator", None)
         if bind is not None:
             bind(self)
+        bind_kv = getattr(router, "bind_kv_events", None)
+        if bind_kv is not None:  # a precise prefix router reads the instances' KV events
+            bind_kv(self.subscribe_kv_events)
         if label is not None:
             self.router_name = label
 
