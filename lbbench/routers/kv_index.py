@@ -12,6 +12,10 @@ Events reach the index as a subscriber gets them, possibly late and possibly not
 event (by its publication time) before it is applied, ``loss`` drops each event with that probability (seeded),
 as a lossy publisher (vLLM's ZMQ PUB socket drops when a subscriber falls behind) would. ``catch_up(now_s)``
 applies what has arrived by ``now_s``.
+
+Speculative entries (llm-d's ``SpeculativeIndexing``, off by default there): ``speculate`` records that an
+instance will hold a request's blocks as soon as the router sends it there, until a TTL runs out (llm-d's 30 s),
+closing the blind spot between a decision and the events that confirm it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class KVEventIndex:
             raise ValueError(f"event_loss must be in [0, 1), got {loss}")
         self.lag_s, self.loss = float(lag_s), float(loss)
         self.blocks: list[set[int]] = [set() for _ in range(num_instances)]
+        #: per instance: speculative block -> when it expires
+        self.speculative: list[dict[int, float]] = [{} for _ in range(num_instances)]
         self._rng = random.Random(f"kv-events:{seed}")
         self._pending: list[tuple[float, int, int, KVCacheEvent]] = []  # (time, seq, instance, event)
         self._seq = 0
@@ -69,6 +75,24 @@ class KVEventIndex:
         elif isinstance(ev, AllBlocksCleared):
             held.clear()
 
-    def longest_prefix(self, instance: int, keys: list[int]) -> int:
-        """Consecutive blocks of ``keys`` from the first that ``instance`` holds (llm-d's ``LongestPrefix``)."""
-        return leading_matches(keys, self.blocks[instance])
+    def speculate(self, instance: int, keys: list[int], until_s: float) -> None:
+        """``instance`` is taken to hold ``keys`` until ``until_s`` (or until events say so)."""
+        spec = self.speculative[instance]
+        for k in keys:
+            spec[k] = until_s
+
+    def longest_prefix(self, instance: int, keys: list[int], now_s: float | None = None) -> int:
+        """Consecutive blocks of ``keys`` from the first that ``instance`` holds (llm-d's ``LongestPrefix``), its
+        speculative blocks not yet expired at ``now_s`` included."""
+        held = self.blocks[instance]
+        spec = self.speculative[instance]
+        if not spec or now_s is None:
+            return leading_matches(keys, held)
+        n = 0
+        for k in keys:
+            if k not in held and spec.get(k, -1.0) <= now_s:
+                break
+            n += 1
+        if len(spec) > 4 * len(held) + 1024:  # drop the expired ones now and then
+            self.speculative[instance] = {k: t for k, t in spec.items() if t > now_s}
+        return n

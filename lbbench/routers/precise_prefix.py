@@ -13,7 +13,8 @@ Apache-2.0):
 - the prefix scorer joins the queue and KV-cache scorers with ``prefix_load``'s weights, 3 / 2 / 2.
 
 Options: ``event_lag_s`` (events reach the index that much later) and ``event_loss`` (each event lost with that
-probability), ``block_size`` (default: the profile's). The backend feeds it through ``bind_kv_events``; one that
+probability), ``block_size`` (default: the profile's), ``speculative`` (llm-d's speculative indexing, off by default
+there and here: the chosen instance is taken to hold the prompt's blocks at once, for ``speculative_ttl_s``, 30 s). The backend feeds it through ``bind_kv_events``; one that
 cannot (a live run, the proxy) refuses it.
 """
 
@@ -36,11 +37,14 @@ class PrecisePrefix(PrefixLoad):
     needs_kv_events = True
 
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 event_lag_s: float = 0.0, event_loss: float = 0.0, block_size: int | None = None, **kw: Any):
+                 event_lag_s: float = 0.0, event_loss: float = 0.0, block_size: int | None = None,
+                 speculative: bool = False, speculative_ttl_s: float = 30.0, **kw: Any):
         super().__init__(num_instances, seed, profile, **kw)
         self.block_size = int(block_size or (profile.block_size if profile is not None else 16))
         self.index = KVEventIndex(num_instances, float(event_lag_s), float(event_loss), seed)
         self.bound = False
+        self.speculative, self.speculative_ttl_s = bool(speculative), float(speculative_ttl_s)
+        self._now_s = 0.0
 
     def bind_kv_events(self, subscribe: Callable[[Callable[..., None]], None]) -> None:
         """``subscribe(callback)`` registers ``callback(instance, time_s, event)`` for every KV event."""
@@ -49,8 +53,9 @@ class PrecisePrefix(PrefixLoad):
 
     def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
         self.index.catch_up(now_s)
+        self._now_s = now_s
         keys = block_keys(r, self.block_size)
-        matched = [self.index.longest_prefix(iv.index, keys) for iv in healthy]
+        matched = [self.index.longest_prefix(iv.index, keys, now_s) for iv in healthy]
         hits = [m for m in matched if m > 0]
         if not hits:
             return [0.0] * len(healthy)
@@ -58,4 +63,7 @@ class PrecisePrefix(PrefixLoad):
         return [0.0 if m == 0 else 1.0 if hi == lo else (m - lo) / (hi - lo) for m in matched]
 
     def sent(self, inst: int, r: Request) -> None:
-        pass  # the cache is read from the events, not guessed from what was sent
+        """The cache is read from the events; with ``speculative``, the chosen instance is also taken to hold the
+        prompt's blocks from now until the TTL runs out."""
+        if self.speculative:
+            self.index.speculate(inst, block_keys(r, self.block_size), self._now_s + self.speculative_ttl_s)

@@ -47,6 +47,20 @@ def test_a_decision_by_hand_with_an_event_lag():
     assert router.route([r], view, 2.3) == (0, 1)
 
 
+def test_speculative_indexing_holds_a_decision_until_its_ttl():
+    r = Request(0, 0.0, 16, 8, prefix_hashes=(11, 12, 13, 14), prefix_block_tokens=4)
+    view = ClusterState([InstanceSpec(kv_capacity_tokens=1000)] * 2).view()
+    plain = get_router("precise_prefix", num_instances=2, seed=0, block_size=4)
+    spec = get_router("precise_prefix", num_instances=2, seed=0, block_size=4, speculative=True,
+                      speculative_ttl_s=5.0)
+    for router in (plain, spec):
+        assert router.route([r], view, 0.0) == (0, 0)  # no events: the load scorers tie, the first instance
+    # with no events yet, only the speculative router knows instance 0 will hold the prompt
+    assert plain.prefix_scores(r, view.instances, 1.0) == [0.0, 0.0]
+    assert spec.prefix_scores(r, view.instances, 1.0) == [1.0, 0.0]
+    assert spec.prefix_scores(r, view.instances, 5.5) == [0.0, 0.0]  # expired
+
+
 def test_dynamo_skips_a_chain_whose_parent_it_does_not_hold_and_loss_drops_events():
     idx = KVEventIndex(1)
     idx.apply(0, stored([7, 8], parent=6))
