@@ -14,7 +14,9 @@ simulator, the live replay and ``lbbench proxy``:
 - **Held at the gateway.** An arriving request joins its tenant's queue in its priority band. It is released to
   the router's queue while the pool has room: the free slots ``sum(max(0, max_outstanding - outstanding))`` over
   healthy instances, less the requests already waiting at the router (a concurrency saturation detector;
-  ``max_outstanding`` defaults to each instance's ``max_num_seqs``, beyond which an engine only queues).
+  ``max_outstanding`` defaults to each instance's ``max_num_seqs``, beyond which an engine only queues). The gate
+  is pool-wide: the router still picks the instance, so a router blind to load may send a request past one
+  instance's limit while another has room.
 - **Released in order.** The highest band first; inside a band the tenant next in round robin (``fairness=
   round_robin``) or the oldest head of any tenant (``fairness=fcfs``, llm-d's default global strict policy);
   first come, first served inside a tenant.

@@ -5,6 +5,8 @@ dispatcher holding requests while the pool has no room."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lbbench.admission import (AdmissionError, AdmissionSpec, FlowController, Tenant, assign_tenants,
                                parse_admission, parse_tenants)
@@ -21,6 +23,13 @@ class First:
 
     def route(self, queue, view, now_s):
         return Decision(0, 0)
+
+
+class Least:
+    name = "least"
+
+    def route(self, queue, view, now_s):
+        return Decision(0, min(range(len(view.instances)), key=lambda i: view.instances[i].num_outstanding))
 
 
 def test_parse_admission_and_tenants():
@@ -109,3 +118,37 @@ def test_room_counts_free_slots_on_healthy_instances_less_the_router_queue():
     state.apply(Dispatched(Request(0, 0.0, 1, 1), 0, 0.0))
     assert fc.room(state.view(), 0) == 3 + 2
     assert fc.room(state.view(), 4) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 5), st.integers(1, 3),
+       st.lists(st.tuples(st.sampled_from(["arrive", "finish"]), st.sampled_from(["a", "b", "c"]),
+                          st.integers(-1, 1)), min_size=1, max_size=60))
+def test_every_request_is_held_dispatched_or_shed_exactly_once(max_queue, limit, ops):
+    state = ClusterState([InstanceSpec()] * 2)
+    disp = Dispatcher(Least(), state, admission=FlowController(AdmissionSpec(max_queue, limit), [InstanceSpec()] * 2))
+    sent, shed, in_flight = [], [], []
+    for k, (op, tenant, band) in enumerate(ops):
+        now = float(k)
+        if op == "arrive":
+            r = Request(k, now, 10, 10, tenant=tenant, priority_band=band)
+            held_bands = [b for b, bd in disp.admission._bands.items() if bd.num_held]
+            disp.arrive(r)
+            for victim, status in disp.shed:
+                # the victim is from the lowest band held, the arriving request included
+                assert victim.priority_band == min([*held_bands, band])
+                assert status == (429 if victim is r else 503)
+            shed += [v.request_id for v, _ in disp.shed]
+            disp.shed.clear()
+        elif in_flight:
+            rid = in_flight.pop(0)
+            disp.observe(Finished(rid, state.instance_of(rid), now, 10))
+        out = disp.decide(now)
+        sent += [r.request_id for r, _ in out]
+        in_flight += [r.request_id for r, _ in out]
+        assert disp.admission.num_held <= max_queue
+        # a router that fills free slots never exceeds the pool's limit (the gate is pool-wide; the router chooses)
+        assert sum(iv.num_outstanding for iv in state.view().instances) <= 2 * limit
+    held = [r.request_id for b in disp.admission._bands.values() for f in b.flows.values() for _, r in f]
+    arrived = [k for k, (op, _, _) in enumerate(ops) if op == "arrive"]
+    assert sorted(sent + shed + held) == arrived

@@ -1,6 +1,6 @@
 """``lbbench proxy --admission --tenants``: over the queue limit a request gets 429; a higher band displaces a
 held request of a lower one (503) and is served; an unknown tenant gets 400; the held queue never grows past its
-limit and the metrics count every status."""
+limit and the metrics count every status. ``--signal-lag-s``: the router sees a finish only that much later."""
 
 from __future__ import annotations
 
@@ -81,3 +81,16 @@ def test_shedding_and_displacement_through_the_proxy(gateway):
     metrics = urllib.request.urlopen(url + "/metrics").read().decode()
     for code, n in (("429", 1), ("503", 1), ("400", 1)):
         assert f'lbbench_proxy_requests_total{{status="{code}"}} {n}' in metrics, metrics
+
+
+def test_the_router_sees_a_finish_only_after_the_signal_lag():
+    with EmulatorFleet(FleetConfig(PROFILE, 1)) as fleet:
+        cfg = ProxyConfig(backends=list(fleet.endpoints), router=get_router("round_robin", num_instances=1, seed=0),
+                          health_interval_s=0.2, signal_lag_s=30.0)
+        with GatewayThread(cfg) as gw:
+            assert _post(gw.url, None, 2)[0] == 200
+            disp = gw.gateway.dispatcher
+            now = gw.gateway.now()
+            assert disp.state.view().instances[0].num_outstanding == 0  # the gateway's own count is current
+            assert disp.view(now).instances[0].num_outstanding == 1  # the router's is 30 s late
+            assert disp.view(now + 31.0).instances[0].num_outstanding == 0
