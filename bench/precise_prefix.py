@@ -1,7 +1,7 @@
 """Precise against approximate prefix routing: ``precise_prefix`` (llm-d's precise prefix-cache scorer on the
-instances' KV events, at event lags 0, 0.1 and 1 s; without and with llm-d's speculative indexing) beside the
-approximate routers that guess the caches from what they sent (``prefix_load``, ``cache_aware``,
-``token_affinity``, ``kv_overlap``).
+instances' KV events, at event lags 0, 0.1 and 1 s; without and with llm-d's speculative indexing; with 10 % and
+50 % of the events lost) beside the approximate routers that guess the caches from what they sent
+(``prefix_load``, ``cache_aware``, ``token_affinity``, ``kv_overlap``).
 
 Setup: 4 x ``bench/data/llama3.1-8b-a100-v1.toml`` (physics-derived; vLLM V1 scheduler, chunked prefill, a
 2,048-token budget, 458k KV tokens per instance), prefix caching on, paired seeds 0-2, 1,000 requests:
@@ -44,6 +44,8 @@ ROUTERS = [("prefix_load", "prefix_load", {}), ("cache_aware", "cache_aware", {}
            ("token_affinity", "token_affinity", {}), ("kv_overlap", "kv_overlap", {})]
 ROUTERS += [(f"precise_prefix, event lag {lag:g} s{', speculative' if spec else ''}", "precise_prefix",
              {"event_lag_s": lag, "speculative": spec}) for spec in (False, True) for lag in (0.0, 0.1, 1.0)]
+ROUTERS += [(f"precise_prefix, event lag 0 s, {loss:.0%} of events lost", "precise_prefix", {"event_loss": loss})
+            for loss in (0.1, 0.5)]
 
 
 def main() -> None:

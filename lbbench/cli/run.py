@@ -35,7 +35,8 @@ from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
-from .flags import admission_options, api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
+from .flags import (admission_options, api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits,
+                    split_csv)
 from .trace import trace_options, trace_transform_options
 
 

@@ -14,8 +14,8 @@ Apache-2.0):
 
 Options: ``event_lag_s`` (events reach the index that much later) and ``event_loss`` (each event lost with that
 probability), ``block_size`` (default: the profile's), ``speculative`` (llm-d's speculative indexing, off by default
-there and here: the chosen instance is taken to hold the prompt's blocks at once, for ``speculative_ttl_s``, 30 s). The backend feeds it through ``bind_kv_events``; one that
-cannot (a live run, the proxy) refuses it.
+there and here: the chosen instance is taken to hold the prompt's blocks at once, for ``speculative_ttl_s``, 30 s).
+The backend feeds it through ``bind_kv_events``; one that cannot (a live run, the proxy) refuses it.
 """
 
 from __future__ import annotations
