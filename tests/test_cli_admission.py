@@ -1,6 +1,6 @@
 """``lbbench run --admission --tenants`` end to end: shed requests are rows of requests.parquet with their status,
 tenant and band; the summary counts them (failed, shed, admitted load) and says when routers were compared at
-different admitted loads; ``--from`` repeats the run; bad specs are one line naming the flag, exit code 2."""
+different admitted loads, and so does ``lbbench report``; ``--from`` repeats the run; bad specs are one line naming the flag, exit code 2."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def test_admission_end_to_end(tmp_path):
         span = df.filter(pl.col("router") == router)["arrival_s"]
         assert row["admitted_rate_per_s"] == pytest.approx((300 - n_shed) / (span.max() - span.min()))
         assert row["slo_attainment"] <= (300 - n_shed) / 300  # a shed request is a miss
+    rep = CliRunner().invoke(main, ["report", str(out), "--format", "markdown"])
+    assert rep.exit_code == 0, rep.output
+    assert "warning: flow control: admitted load round_robin" in rep.output
     again = CliRunner().invoke(main, ["run", "--from", str(out), "--out", str(tmp_path / "again"),
                                       "--format", "json"])
     assert again.exit_code == 0, again.output
