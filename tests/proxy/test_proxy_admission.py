@@ -94,3 +94,32 @@ def test_the_router_sees_a_finish_only_after_the_signal_lag():
             assert disp.state.view().instances[0].num_outstanding == 0  # the gateway's own count is current
             assert disp.view(now).instances[0].num_outstanding == 1  # the router's is 30 s late
             assert disp.view(now + 31.0).instances[0].num_outstanding == 0
+
+
+def test_under_overload_every_request_is_answered_and_the_queue_stays_bounded():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with EmulatorFleet(FleetConfig(PROFILE, 1)) as fleet:
+        cfg = ProxyConfig(backends=list(fleet.endpoints), router=get_router("round_robin", num_instances=1, seed=0),
+                          health_interval_s=0.2, admission=AdmissionSpec(max_queue=8, max_outstanding=4))
+        with GatewayThread(cfg) as gw:
+            disp = gw.gateway.dispatcher
+            peak = [0, 0]
+            stop = threading.Event()
+
+            def watch():
+                while not stop.is_set():
+                    peak[0] = max(peak[0], disp.admission.num_held)
+                    peak[1] = max(peak[1], gw.gateway.state.view().instances[0].num_outstanding)
+                    time.sleep(0.002)
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            with ThreadPoolExecutor(48) as pool:
+                statuses = list(pool.map(lambda _: _post(gw.url, None, 40)[0], range(240)))
+            stop.set()
+            watcher.join()
+            assert len(statuses) == 240 and set(statuses) <= {200, 429}  # every request answered
+            assert statuses.count(200) >= 12 and statuses.count(429) >= 100
+            assert peak[0] <= 8 and peak[1] <= 4
+            assert disp.admission.num_held == 0 and disp.waiting == 0
+            assert disp.admission.num_rejected == statuses.count(429)
