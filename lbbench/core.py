@@ -53,6 +53,9 @@ class Request:
     session_id: int | None = None
     turn: int | None = None
     think_s: float = 0.0
+    #: flow control (``lbbench.admission``): the tenant (llm-d's fairness id) and its priority band (higher first)
+    tenant: str | None = None
+    priority_band: int = 0
 
     @property
     def expected_output_tokens(self) -> int:
@@ -391,6 +394,11 @@ class ClusterState:
 
     def outstanding_ids(self, instance: int) -> list[int]:
         return list(self._inst[instance].entries)
+
+    def replica(self) -> "ClusterState":
+        """An empty state of the same instances (specs) and buckets: one fed the same events later (a router's
+        delayed view, ``Dispatcher(signal_lag_s=...)``)."""
+        return ClusterState([inst.spec for inst in self._inst], self.prompt_buckets, self.decode_buckets)
 
     def composition(self) -> tuple[tuple[int, int, int, bool], ...]:
         """Per instance ``(num_outstanding, num_prefilling, prompt_tokens_pending, healthy)``, cheaper than a

@@ -8,15 +8,26 @@ until it defers (returns ``None``) or the queue is empty, applies each
 ``Dispatched`` event to the shared ``ClusterState`` so the next decision in the
 same epoch sees it, and returns the dispatches for the backend to carry out.
 
+With flow control on (``admission=``, a ``lbbench.admission.FlowController``) an arriving request is held at
+the gateway and released to the router's queue while the pool has room; what is over capacity is shed into
+``shed`` as ``(request, http_status)``, which the backend turns into records (never dropped).
+
+With a signal lag (``signal_lag_s`` > 0) the router sees the cluster as it was ``signal_lag_s`` ago: every event an
+instance reports (first tokens, tokens, finishes, preemptions, health, metrics) reaches the router's view and its
+``on_event`` hook that much later, as a scraped or published signal does; its own dispatches it sees at once. The
+dispatcher's own state (flow control's room) stays current. With no lag nothing changes.
+
 The dispatcher owns the router protocol (routers never import this module).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol, Sequence, runtime_checkable
 
+from .admission import STATUS_EVICTED, STATUS_REJECTED, FlowController
 from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request
-from .errors import SetupError
+from .errors import InputError, SetupError
 
 
 @runtime_checkable
@@ -55,8 +66,20 @@ class RouterError(SetupError):
 class Dispatcher:
     """Central FIFO queue (arrival order) + decision epochs."""
 
-    def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None):
+    def __init__(self, router: Router, state: ClusterState, max_per_epoch: int | None = None,
+                 admission: FlowController | None = None, signal_lag_s: float = 0.0):
+        if not signal_lag_s >= 0:
+            raise InputError(f"{signal_lag_s:g} must be >= 0 seconds", "signal_lag_s")
         self.state = state
+        #: how late the router sees what the instances report (0: at once)
+        self.signal_lag_s = signal_lag_s
+        #: with a lag, the router's view: ``state`` as of ``signal_lag_s`` ago, and the events still on their way
+        self.router_state: ClusterState | None = state.replica() if signal_lag_s > 0 else None
+        self._delayed: deque[Event] = deque()
+        #: flow control (None: every arrival joins the router's queue)
+        self.admission = admission
+        #: requests shed by flow control, ``(request, http_status)``, for the backend to record and clear
+        self.shed: list[tuple[Request, int]] = []
         self.max_per_epoch = max_per_epoch
         self._queue: list[Request] = []
         self.set_router(router)
@@ -72,7 +95,9 @@ class Dispatcher:
         the queue and the state are kept."""
         self.router = router
         self._detail = bool(getattr(router, "needs_detail", False))
-        self._on_event = getattr(router, "on_event", None)
+        self._router_on_event = getattr(router, "on_event", None)
+        # with a lag every event takes the delaying hook (and the simulator's paths that skip the hook are off)
+        self._on_event = self._delay if self.router_state is not None else self._router_on_event
 
     @property
     def queue(self) -> Sequence[Request]:
@@ -82,8 +107,33 @@ class Dispatcher:
     def __len__(self) -> int:
         return len(self._queue)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting at the router or held by flow control."""
+        adm = self.admission
+        return len(self._queue) + (adm.num_held if adm is not None else 0)
+
     def arrive(self, request: Request) -> None:
-        self._queue.append(request)
+        adm = self.admission
+        if adm is None:
+            self._queue.append(request)
+            return
+        adm.hold(request)
+        self._release()
+        for r in adm.shed():
+            if r is request:
+                adm.num_rejected += 1
+                self.shed.append((r, STATUS_REJECTED))
+            else:
+                adm.num_evicted += 1
+                self.shed.append((r, STATUS_EVICTED))
+
+    def _release(self) -> None:
+        """Move the held requests the pool has room for to the router's queue."""
+        adm = self.admission
+        n = adm.room(self.state.view(), len(self._queue))  # type: ignore[union-attr]
+        if n > 0:
+            self._queue.extend(adm.release(n))  # type: ignore[union-attr]
 
     def drop(self, queue_index: int) -> Request:
         """Remove a queued request without dispatching it (e.g. it can never be served)."""
@@ -95,8 +145,33 @@ class Dispatcher:
         if self._on_event is not None:
             self._on_event(event)
 
-    def view(self) -> ClusterView:
-        return self.state.view(detail=self._detail)
+    def view(self, now_s: float | None = None) -> ClusterView:
+        """What the router sees: the state now, or with a signal lag as of ``now_s - signal_lag_s`` (its own
+        dispatches included)."""
+        rs = self.router_state
+        if rs is None:
+            return self.state.view(detail=self._detail)
+        self._catch_up(self.state.now_s if now_s is None else now_s)
+        return rs.view(detail=self._detail)
+
+    def _delay(self, event: Event) -> None:
+        """With a lag: the router's own dispatch reaches its view at once, anything else ``signal_lag_s`` later."""
+        if type(event) is Dispatched:
+            self.router_state.apply(event)  # type: ignore[union-attr]
+            if self._router_on_event is not None:
+                self._router_on_event(event)
+        else:
+            self._delayed.append(event)
+
+    def _catch_up(self, now_s: float) -> None:
+        """Deliver the delayed events reported up to ``now_s - signal_lag_s``, in order."""
+        due = now_s - self.signal_lag_s
+        delayed, apply, hook = self._delayed, self.router_state.apply, self._router_on_event  # type: ignore[union-attr]
+        while delayed and delayed[0].time_s <= due:
+            ev = delayed.popleft()
+            apply(ev)
+            if hook is not None:
+                hook(ev)
 
     def decide(self, now_s: float) -> list[tuple[Request, int]]:
         """Run one decision epoch; returns ``(request, instance)`` dispatches."""
@@ -105,11 +180,13 @@ class Dispatcher:
         guard = self.guard
         if guard is not None and guard.skip(now_s):
             return out
+        if self.admission is not None and self.admission.num_held:
+            self._release()
         queue = self._queue
         n_inst = self.state.num_instances
         while queue and (self.max_per_epoch is None or len(out) < self.max_per_epoch):
             self.state.now_s = max(self.state.now_s, now_s)
-            decision = self.router.route(queue, self.view(), now_s)
+            decision = self.router.route(queue, self.view(now_s), now_s)
             self.num_decisions += 1
             if decision is None:
                 self.num_deferrals += 1

@@ -19,6 +19,8 @@ cut streams, and neither may import the other's package.
 
 from __future__ import annotations
 
+from typing import Container, Iterable
+
 from .core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
 
 
@@ -50,3 +52,13 @@ def block_keys(request: Request, block_tokens: int, limit_tokens: int | None = N
 def num_blocks(tokens: int, block_tokens: int, partial: bool = False) -> int:
     """Blocks of ``block_tokens`` in ``tokens`` tokens: the full ones, plus the incomplete tail if ``partial``."""
     return -(-tokens // block_tokens) if partial else tokens // block_tokens
+
+
+def leading_matches(keys: Iterable[int], held: Container[int]) -> int:
+    """How many of ``keys``, from the first, ``held`` holds before the first it does not (a prefix match)."""
+    n = 0
+    for k in keys:
+        if k not in held:
+            break
+        n += 1
+    return n

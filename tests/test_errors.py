@@ -22,6 +22,7 @@ INTERNAL = {
     "lbbench.distributed.actors.WorkerDied": "a pool's worker process ended: retried, then a UnitError",
     "lbbench.planning.search.TargetNotMetError": "the search's signal that no count meets the target: caught",
     "lbbench.engines.vllm.emulator._BadRequest": "the emulator's HTTP 400 to its own client",
+    "lbbench.proxy.gateway._Shed": "flow control shed a request: the gateway answers its client 429 or 503",
     "lbbench.measured.schema.CellError": "a cell's problem in words: the reader wraps it in a MeasuredRowError "
                                          "naming the file, row and column",
 }

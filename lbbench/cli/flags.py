@@ -27,7 +27,8 @@ FLAGS: dict[str, str] = {
     "trace": "--trace", "rate_per_s": "--rate", "rates": "--rate", "requests": "--requests", "orders": "--order",
     "seeds": "--seeds", "seed": "--seed", "burstiness": "--burstiness", "prompt_tokens": "--prompt-tokens",
     "output_tokens": "--output-tokens", "routers": "--router", "router_options": "--router-opt",
-    "predictor": "--predictor", "timeline_interval_s": "--timeline-interval", "slo": "--slo", "jobs": "--jobs",
+    "predictor": "--predictor", "admission": "--admission", "tenants": "--tenants",
+    "signal_lag_s": "--signal-lag-s", "timeline_interval_s": "--timeline-interval", "slo": "--slo", "jobs": "--jobs",
     "endpoints": "--endpoint", "endpoint": "--endpoint", "launch_model": "--launch", "launch_args": "--launch-args", "model": "--model",
     "api": "--api", "engine": "--engine", "prompt_mode": "--prompt-mode", "tokenizer": "--tokenizer",
     "vllm_python": "--vllm-python", "request_timeout_s": "--request-timeout", "checkpoint": "--checkpoint",
@@ -66,6 +67,20 @@ def user_message(exc: BaseException) -> str:
     if m and m.group(1) in FLAGS:
         return FLAGS[m.group(1)] + text[len(m.group(1)):]
     return text
+
+
+def admission_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--admission SPEC`` and ``--tenants SPEC`` -> keywords ``admission``, ``tenants`` (``lbbench.admission``)."""
+    f = click.option("--tenants", default=None, metavar="NAME[:PRIORITY][@SHARE],...",
+                     help="Tenants (flow control's fairness ids) and their priority bands, higher first; a run draws "
+                          "them for its requests by share (a session keeps one), the proxy reads them from the "
+                          "x-llm-d-inference-fairness-id header and refuses another tenant with 400.")(f)
+    return click.option("--admission", default=None,
+                        metavar="max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]",
+                        help="Flow control at the gateway (as llm-d's): requests wait there while every instance "
+                             "has max_outstanding in flight (default: its max_num_seqs), are released by priority "
+                             "band and tenant, and are shed over max_queue (429; 503 when displaced); a shed "
+                             "request is a record.")(f)
 
 
 def api_server_option(f: Callable[..., Any]) -> Callable[..., Any]:

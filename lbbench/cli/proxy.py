@@ -7,11 +7,12 @@ import signal
 
 import click
 
+from ..admission import parse_admission, parse_tenants
 from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
-from ..routers.registry import ORACLE_REFUSAL, needs_simulator
-from .flags import parse_value, read_endpoints_file
+from ..routers.registry import KV_EVENTS_REFUSAL, ORACLE_REFUSAL, needs_kv_events, needs_simulator
+from .flags import admission_options, parse_value, read_endpoints_file
 
 
 @click.command("proxy")
@@ -32,9 +33,14 @@ from .flags import parse_value, read_endpoints_file
 @click.option("--drain-timeout", "drain_timeout_s", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="On SIGTERM, seconds to let in-flight requests finish.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@admission_options
+@click.option("--signal-lag-s", "signal_lag_s", type=float, default=0.0, show_default=True, metavar="S",
+              help="The router sees what the backends report (first tokens, finishes, health) S seconds late, as "
+                   "a scraped or published signal (its own dispatches at once).")
 def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
           predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
-          max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int) -> None:
+          max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int, admission: str | None,
+          tenants: str | None, signal_lag_s: float) -> None:
     """An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, streaming or not; /v1/models,
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
@@ -53,16 +59,21 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         if not eq:
             raise click.BadParameter(f"{o!r}: expected KEY=VALUE", param_hint="--router-opt")
         opts[k] = parse_value(v)
+    adm = parse_admission(admission) if admission is not None else None
+    known = parse_tenants(tenants) if tenants is not None else None
     prof = load_profile(profile) if profile else None
     if needs_simulator(router):
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
+    if needs_kv_events(router):
+        raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
     r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
     pred = None
     if predictor:
         pred = load_predictor(predictor, profile=prof, seed=seed)
     cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
-                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02)
+                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02,
+                      admission=adm, tenants=known, signal_lag_s=signal_lag_s)
     gw = Gateway(cfg)
 
     async def main() -> None:

@@ -23,6 +23,7 @@ from ..distributed import UnitError, get_executor
 from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..live.saturation import DEFAULT_WINDOW_S
+from ..metrics.admitted import SHED_PREFIX, admitted_load_line
 from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
 from ..profiles import load_profile
@@ -34,7 +35,8 @@ from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
-from .flags import api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits, split_csv
+from .flags import (admission_options, api_server_option, parse_value, ray_option, read_endpoints_file, slo_limits,
+                    split_csv)
 from .trace import trace_options, trace_transform_options
 
 
@@ -129,6 +131,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         saturation_stop=not kw.get("no_saturation_stop", False), on_saturation=kw.get("on_saturation", "drain"),
         decisions=kw["decisions"] or kw["counterfactual"] is not None,
         counterfactual=kw["counterfactual"], counterfactual_every=kw["counterfactual_every"],
+        admission=kw.get("admission"), tenants=kw.get("tenants"), signal_lag_s=kw.get("signal_lag_s", 0.0),
     )
 
 
@@ -273,6 +276,10 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "planner's horizon and costs) and record each decision's regret (implies --decisions).")
 @click.option("--counterfactual-every", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
               help="--counterfactual at every N-th decision only (bounds the run time).")
+@admission_options
+@click.option("--signal-lag-s", "signal_lag_s", type=float, default=0.0, show_default=True, metavar="S",
+              help="Simulator: the router sees what the instances report (load, first tokens, finishes) S seconds "
+                   "late, as a scraped or published signal; its own dispatches at once.")
 @trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.
@@ -355,7 +362,7 @@ def _say_rejections(out_dir: Path, profile: Any) -> None:
     df = read_requests(out_dir)
     if df is None or "error" not in df.columns or df.height == 0:
         return
-    bad = df.filter(pl.col("error").is_not_null())
+    bad = df.filter(pl.col("error").is_not_null() & ~pl.col("error").str.starts_with(SHED_PREFIX))
     if bad.height == 0:
         return
     too_long = bad.filter(pl.col("error").str.contains("max_model_len"))
@@ -437,6 +444,9 @@ def summary_columns(summary: Any, cfg: RunConfig, wide: bool) -> list[tuple[str,
     failed = "failed" in summary.columns and bool((summary["failed"].fill_null(0) > 0).any())
     shown = _DEFAULT | ({"slo_attainment"} if cfg.slo else set()) | ({"failed"} if failed else set())
     cols = [c for c in _COLUMNS + (_LIVE_COLUMNS if cfg.backend == "live" else []) if wide or c[0] in shown]
+    if "shed" in summary.columns:  # flow control shed requests (lbbench.metrics.admitted)
+        cols += [c for c in (("goodput_per_s", "goodput/s"),) if c not in cols]
+        cols += [("shed", "shed"), ("admitted_rate_per_s", "admitted/s")]
     if "saturated" in summary.columns:  # some step's backlog kept growing (lbbench.live.saturation)
         cols.append(("saturated", "saturated"))
     return cols + _prefix_check_columns(summary, wide)
@@ -517,6 +527,9 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     reuse = prefix_reuse_line(summary)
     if reuse:
         console.print(reuse)
+    admitted = admitted_load_line(summary)
+    if admitted:
+        console.print(admitted, highlight=False, soft_wrap=True)
     if keys:
         _print_pivot(console, summary, keys)
     fleet = cfg.fleet_of()

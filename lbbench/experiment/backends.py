@@ -24,6 +24,7 @@ import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterator, Protocol
 
+from ..admission import parse_admission
 from ..core import InstanceSpec, Request
 from ..distributed import Executor, SerialExecutor, get_executor
 from ..distributed.ray_cluster import connect
@@ -75,7 +76,9 @@ class SimFleet:
         sim = ClusterSim(None, self.num_instances, requests, profiles=self.profiles,
                          instance_scheduler=unit.variant.instance_scheduler,
                          chunked_prefill=unit.variant.chunked_prefill, seed=unit.seed, run_id=work.run_id,
-                         timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching)
+                         timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching,
+                         admission=parse_admission(cfg.admission) if cfg.admission else None,
+                         signal_lag_s=cfg.signal_lag_s)
         records = sim.run(router, label=unit.router,
                           progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         rows = [(s.time_s, s.instance, s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..admission import AdmissionError, parse_admission, parse_tenants
 from ..engines import ENGINES
 from ..errors import InputError
 from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
@@ -22,7 +23,8 @@ from ..live.saturation import DEFAULT_WINDOW_S
 from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
 from ..routers import get_router
-from ..routers.registry import ORACLE_REFUSAL, UnknownRouterError, needs_simulator
+from ..routers.registry import (KV_EVENTS_REFUSAL, ORACLE_REFUSAL, UnknownRouterError, needs_kv_events,
+                                needs_simulator)
 from ..sim.instance import INSTANCE_SCHEDULERS
 from ..workloads import PAPER_CLASS_ORDERS
 
@@ -93,6 +95,16 @@ class RunConfig:
     routers: list[str] = field(default_factory=lambda: ["round_robin"])
     router_options: dict[str, Any] = field(default_factory=dict)
     predictor: str = "oracle"
+    # -- flow control -----------------------------------------------------------------------------------
+    admission: str | None = None
+    """Flow control at the gateway, ``max_queue=N[,max_outstanding=N][,fairness=round_robin|fcfs]``
+    (``lbbench.admission``): requests held while the pool is full, shed (429/503) over ``max_queue``; None: off."""
+    tenants: str | None = None
+    """Tenants drawn for the requests, ``NAME[:PRIORITY][@SHARE],...`` (``lbbench.admission.parse_tenants``):
+    flow control's fairness ids and priority bands; None: one anonymous tenant in band 0."""
+    signal_lag_s: float = 0.0
+    """The router sees what the instances report (load, first tokens, finishes) this many seconds late
+    (``lbbench.dispatch.Dispatcher``); 0: at once."""
     # -- output -------------------------------------------------------------------------------------------
     timeline_interval_s: float | None = 1.0
     slo: dict[str, float] = field(default_factory=dict)
@@ -263,6 +275,7 @@ class RunConfig:
                 raise ConfigError(f"router {name!r} has options but is not among the routers", "router_options")
         self._check_live()
         self._check_decisions()
+        self._check_admission()
         load_predictor(self.predictor, profile=profile, seed=self.seed)
         for r in self.routers:
             try:
@@ -274,6 +287,23 @@ class RunConfig:
                 if not self.router_options.get(r) or isinstance(exc, InputError):
                     raise
                 raise ConfigError(f"router {r!r}: {exc}", "router_options") from None
+
+    def _check_admission(self) -> None:
+        try:
+            if self.admission is not None:
+                parse_admission(self.admission)
+            if self.tenants is not None:
+                parse_tenants(self.tenants)
+        except AdmissionError as exc:
+            raise ConfigError(exc.problem, exc.field) from None
+        if not self.signal_lag_s >= 0:
+            raise ConfigError(f"{self.signal_lag_s:g} must be >= 0 seconds", "signal_lag_s")
+        if self.signal_lag_s and self.live:
+            raise ConfigError("a signal lag runs in the simulator and in lbbench proxy (--signal-lag-s); a live "
+                              "replay routes on its own events", "signal_lag_s")
+        if self.admission is not None and self.live:
+            raise ConfigError("flow control runs in the simulator and in lbbench proxy; a live replay sends "
+                              "every request (put lbbench proxy --admission in front of the endpoints)", "admission")
 
     def _check_decisions(self) -> None:
         if self.counterfactual is not None:
@@ -328,6 +358,8 @@ class RunConfig:
         for r in self.routers:
             if needs_simulator(r):
                 raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")
+            if needs_kv_events(r):
+                raise ConfigError(KV_EVENTS_REFUSAL.format(name=r), "routers")
         if len(self.instance_schedulers) > 1:
             raise ConfigError("a live fleet runs one instance scheduler, its servers' own; give one",
                               "instance_schedulers")

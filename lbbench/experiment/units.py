@@ -321,6 +321,16 @@ def mark_reuse_intent(frame: pl.LazyFrame, cfg: RunConfig, profile: Profile, req
                               pl.lit(intent.intends_reuse).alias("reuse_intended"))
 
 
+def mark_tenants(frame: pl.LazyFrame, reqs: list[Request]) -> pl.LazyFrame:
+    """``frame`` with each request's ``tenant`` and ``priority_band`` (flow control's flow key)."""
+    ids = [r.request_id for r in reqs]
+    return frame.with_columns(
+        pl.col("request_id").replace_strict(ids, [r.tenant for r in reqs], default=None,
+                                            return_dtype=pl.Utf8).alias("tenant"),
+        pl.col("request_id").replace_strict(ids, [r.priority_band for r in reqs], default=None,
+                                            return_dtype=pl.Int64).alias("priority_band"))
+
+
 def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     """Run one unit on ``fleet``: its seed's requests, its router, the gate note, the records' frames."""
     cfg, profile, unit = work.cfg, work.profile, work.unit
@@ -341,6 +351,8 @@ def run_unit(work: Work, fleet: Instances, reporter: Reporter) -> UnitOutput:
     records = res.records if streamed else records_frame(res.records, {}).lazy()
     frame, saturation = mark_saturation(unit_frame(records, cols, work.instance_profiles()), work, res)
     frame = mark_reuse_intent(frame, cfg, profile, reqs)
+    if cfg.tenants is not None:
+        frame = mark_tenants(frame, reqs)
     decisions = None if recorder is None else recorder.frame(
         {"run_id": work.run_id, "unit": work.label, **timeline_columns(unit, cols)})
     timeline = timeline_frame(res.timeline, timeline_columns(unit, cols))

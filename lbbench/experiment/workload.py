@@ -6,6 +6,7 @@ Seeds are paired: for a given seed (and arrival order) every router sees exactly
 from __future__ import annotations
 
 from .. import workloads as wl
+from ..admission import AdmissionError, assign_tenants, parse_tenants
 from ..core import Request
 from ..predict import annotate, load_predictor
 from ..predict.dataset_workload import dataset_workload
@@ -19,7 +20,18 @@ from .config import WORKLOADS, ConfigError, RunConfig
 
 
 def build_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | None) -> list[Request]:
-    """The requests for one seed (and arrival order), before predictions."""
+    """The requests for one seed (and arrival order), before predictions; with ``tenants``, each with its tenant
+    and priority band (``lbbench.admission.assign_tenants``)."""
+    reqs = _workload_requests(cfg, profile, seed, order)
+    if cfg.tenants is None:
+        return reqs
+    try:
+        return assign_tenants(reqs, parse_tenants(cfg.tenants), seed)
+    except AdmissionError as exc:
+        raise ConfigError(exc.problem, exc.field) from None
+
+
+def _workload_requests(cfg: RunConfig, profile: Profile, seed: int, order: str | None) -> list[Request]:
     n = cfg.requests
     if cfg.trace:
         opts = dict(cfg.trace_options)

@@ -25,6 +25,7 @@ from typing import Awaitable, Callable, Iterable, Iterator, Sequence
 
 import aiohttp
 
+from ..admission import AdmissionSpec, FlowController
 from ..core import ClusterState, FirstToken, InstanceHealth, InstanceSpec, Request, TokensGenerated
 from ..dispatch import Dispatcher, Router
 from .http import throttled
@@ -76,9 +77,14 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 class Drive:
     def __init__(self, router: Router, specs: Sequence[InstanceSpec], *, min_step_s: float,
-                 on_dispatch: DispatchFn, on_error: Callable[[BaseException], None] | None = None):
+                 on_dispatch: DispatchFn, on_error: Callable[[BaseException], None] | None = None,
+                 admission: AdmissionSpec | None = None, on_shed: Callable[[Request, int], None] | None = None,
+                 signal_lag_s: float = 0.0):
         self.state = ClusterState(list(specs))
-        self.dispatcher = Dispatcher(router, self.state)
+        self.dispatcher = Dispatcher(router, self.state, admission=None if admission is None else FlowController(
+            admission, list(specs)), signal_lag_s=signal_lag_s)
+        #: flow control shed a request: ``on_shed(request, http_status)`` (429 on arrival, 503 displaced)
+        self.on_shed = on_shed
         self.min_step_s = min_step_s
         self.on_dispatch = on_dispatch
         self.on_error = on_error
@@ -95,7 +101,13 @@ class Drive:
 
     # -- decisions -----------------------------------------------------------------------------
     def arrive(self, req: Request) -> None:
-        self.dispatcher.arrive(req)
+        disp = self.dispatcher
+        disp.arrive(req)
+        if disp.shed:
+            shed, disp.shed = disp.shed, []
+            for r, status in shed:
+                if self.on_shed is not None:
+                    self.on_shed(r, status)
 
     def __len__(self) -> int:
         """Requests waiting at the router."""
@@ -125,7 +137,13 @@ class Drive:
             self.epoch()
 
     def withdraw(self, request_id: int) -> Request | None:
-        """Take a request that is still waiting at the router out of the queue (its client went away)."""
+        """Take a request that is still waiting at the router, or held by flow control, out of the queue (its
+        client went away)."""
+        adm = self.dispatcher.admission
+        if adm is not None:
+            held = adm.withdraw(request_id)
+            if held is not None:
+                return held
         for i, q in enumerate(self.dispatcher.queue):
             if q.request_id == request_id:
                 return self.dispatcher.drop(i)

@@ -40,6 +40,7 @@ Definitions (all over *completed* requests: ``error`` is null and ``finish_s`` i
   arrival - first arrival).
 - ``intended_prefix_hit_rate`` and ``prefix_hit_check``: only when the workload intends prefix reuse or names
   prefix hashes (``lbbench.metrics.prefix_check``).
+- ``shed`` and ``admitted_rate_per_s``: only when flow control shed some request (``lbbench.metrics.admitted``).
 - ``saturated``: only when some group saturated (``lbbench.live.saturation``: its backlog kept growing faster
   than the threshold over a whole window; a live step then stopped sending): true when any seed of the group did.
 """
@@ -53,7 +54,7 @@ from typing import Any, Sequence
 import polars as pl
 
 from ..errors import InputError
-from . import prefix_check
+from . import admitted, prefix_check
 
 Frame = pl.DataFrame | pl.LazyFrame
 
@@ -183,6 +184,7 @@ def per_seed(df: Frame, by: Sequence[str] = ("router",), slo: Slo | None = None)
     if "saturated" in lf.collect_schema():
         extra.append(pl.col("saturated").fill_null(False).any().alias("saturated"))
     extra += prefix_check.per_seed_exprs(lf.collect_schema())
+    extra += admitted.per_seed_exprs(lf.collect_schema())
     return (
         lf.group_by([*by, "seed"], maintain_order=True)
         .agg(*extra,
@@ -258,9 +260,11 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
             *[pl.col(m).mean() for m in (*mean_cols, *extra)],
             *[pl.col(m).any() for m in marks],
             *prefix_check.summary_exprs(seeds.collect_schema()),
+            *admitted.summary_exprs(seeds.collect_schema()),
         )
         .select([*by, *METRIC_COLUMNS, *extra, *marks,
-                 *[c for c in prefix_check.COLUMNS if c in seeds.collect_schema()]])
+                 *[c for c in prefix_check.COLUMNS if c in seeds.collect_schema()],
+                 *[c for c in admitted.COLUMNS if c in seeds.collect_schema()]])
         .collect()
     )
     if marks and not out.get_column("saturated").any():
@@ -268,6 +272,7 @@ def summarize(df: Frame, by: Sequence[str] = ("router",), baseline: str = "round
     if extra and out.get_column("prefix_cache_hit_rate").null_count() == out.height:
         out = out.drop("prefix_cache_hit_rate")  # caching was off everywhere: the table stays as it was
     out = prefix_check.add_check(out)
+    out = admitted.drop_unless_shed(out)
     if baseline != "round_robin":
         out = out.rename({"improvement_vs_round_robin_pct": improvement_pct_col(baseline),
                           "improvement_vs_round_robin_s": improvement_s_col(baseline)})

@@ -13,6 +13,11 @@ the same way.
   most ``max_retries`` times); one that already streamed is not (the client has part of an answer).
 - **Limits.** Bodies over ``max_body_bytes`` are refused with 413; ``api_key`` requires
   ``Authorization: Bearer KEY``.
+- **Flow control.** With ``admission`` (``lbbench.admission``) requests wait at the gateway while the backends
+  are full and are released by priority band and tenant; over ``max_queue`` one is shed: 429 to a request refused
+  on arrival, 503 to one displaced from the queue. The tenant is the ``x-llm-d-inference-fairness-id`` header
+  (llm-d's); with ``tenants`` given, its band is the tenant's and an unknown tenant is refused with 400. The queue
+  is bounded, so the gateway's memory is bounded under overload.
 - **Drain.** ``drain()`` (SIGTERM in the CLI) refuses new requests with 503 and waits for those in flight.
 - **Metrics.** ``/metrics`` in Prometheus text: requests by status, latency and TTFT histograms, per-backend
   in-flight and health, router decisions and deferrals, queue depth.
@@ -33,6 +38,7 @@ from typing import Any, Sequence
 import aiohttp
 from aiohttp import web
 
+from ..admission import AdmissionSpec, Tenant
 from ..core import Failed, Finished, InstanceSpec, Request
 from ..live.drive import Drive, probe_health
 from ..live.memtrace import MemTrace
@@ -55,6 +61,23 @@ class ProxyConfig:
     min_step_s: float = 0.02
     request_timeout_s: float = 600.0
     backend_names: list[str] = field(default_factory=list)
+    admission: AdmissionSpec | None = None
+    #: known tenants and their priority bands (None: any fairness id, band 0)
+    tenants: Sequence[Tenant] | None = None
+    #: the router sees what the backends report this much later (``Dispatcher``; 0: at once)
+    signal_lag_s: float = 0.0
+
+
+#: the request header naming the tenant (llm-d's fairness id)
+TENANT_HEADER = "x-llm-d-inference-fairness-id"
+
+
+class _Shed(Exception):
+    """Flow control shed the request: answer with ``status``."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
 
 
 def prompt_tokens_of(body: dict) -> tuple[int, str | None]:
@@ -85,7 +108,9 @@ class Gateway:
         self.cfg = cfg
         n = len(cfg.backends)
         self.drive = Drive(cfg.router, list(cfg.specs) if cfg.specs else [InstanceSpec(min_step_s=cfg.min_step_s)] * n,
-                           min_step_s=cfg.min_step_s, on_dispatch=self._dispatched)
+                           min_step_s=cfg.min_step_s, on_dispatch=self._dispatched, admission=cfg.admission,
+                           on_shed=self._shed, signal_lag_s=cfg.signal_lag_s)
+        self._bands = {t.name: t.priority for t in cfg.tenants} if cfg.tenants else None
         self.state = self.drive.state
         self.dispatcher = self.drive.dispatcher
         self.metrics = ProxyMetrics(cfg.backend_names or cfg.backends)
@@ -150,6 +175,11 @@ class Gateway:
         if fut is not None and not fut.done():
             fut.set_result(inst)
 
+    def _shed(self, req: Request, status: int) -> None:
+        fut = self._waiting.pop(req.request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(_Shed(status))
+
     async def _route(self, req: Request) -> int:
         fut = asyncio.get_running_loop().create_future()
         self._waiting[req.request_id] = fut
@@ -162,12 +192,13 @@ class Gateway:
             self.drive.withdraw(req.request_id)
             raise
 
-    def _new_request(self, body: dict) -> Request:
+    def _new_request(self, body: dict, tenant: str | None = None) -> Request:
         self._next_id += 1
         prompt_tokens, text = prompt_tokens_of(body)
         out = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+        band = self._bands.get(tenant, 0) if self._bands is not None and tenant is not None else 0
         req = Request(request_id=self._next_id, arrival_s=self.now(), prompt_tokens=prompt_tokens,
-                      output_tokens=int(out), prompt=text)
+                      output_tokens=int(out), prompt=text, tenant=tenant, priority_band=band)
         if self.cfg.predictor is not None:
             req = annotate([req], self.cfg.predictor)[0]
         return req
@@ -196,24 +227,36 @@ class Gateway:
             self.metrics.count("400")
             return web.json_response({"error": {"message": f"request body is not a JSON object: {exc}"}},
                                      status=400)
+        tenant = request.headers.get(TENANT_HEADER)
+        if self._bands is not None and tenant not in self._bands:
+            self.metrics.count("400")
+            known = ", ".join(self._bands)
+            return web.json_response({"error": {"message": f"unknown tenant {tenant!r} in {TENANT_HEADER} "
+                                                           f"(known: {known})"}}, status=400)
         self._in_flight += 1
         self._idle.clear()
         t0 = self.now()
         try:
-            return await self._forward(request, raw, bool(body.get("stream")), body, t0)
+            return await self._forward(request, raw, bool(body.get("stream")), body, t0, tenant)
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
 
     async def _forward(self, request: web.Request, raw: bytes, stream: bool, body: dict,
-                       t0: float) -> web.StreamResponse:
+                       t0: float, tenant: str | None = None) -> web.StreamResponse:
         last_error = "no backend answered"
         for _attempt in range(self.cfg.max_retries + 1):
             if not self.state.view().healthy_indices():
                 break
-            req = self._new_request(body)
-            inst = await self._route(req)
+            req = self._new_request(body, tenant)
+            try:
+                inst = await self._route(req)
+            except _Shed as shed:
+                self.metrics.count(str(shed.status))
+                why = "queue at capacity" if shed.status == 429 else "displaced by a higher-priority request"
+                return web.json_response({"error": {"message": f"shed by flow control: {why}",
+                                                    "type": "overloaded"}}, status=shed.status)
             url = self.cfg.backends[inst] + request.path
             self.metrics.in_flight[inst] += 1
             try:
@@ -323,7 +366,7 @@ class Gateway:
         return web.Response(status=200 if ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(len(self.dispatcher)), content_type="text/plain")
+        return web.Response(text=self.metrics.render(self.dispatcher.waiting), content_type="text/plain")
 
     # -- health ---------------------------------------------------------------------------
     async def _probe(self, i: int) -> bool:

@@ -15,6 +15,8 @@ from typing import Any, Iterator, Sequence
 import polars as pl
 from rich.console import Console
 
+from ..metrics.admitted import admitted_load_line, shed_expr
+from ..metrics.summary import summarize
 from ..rundir import Runs, load_runs, read_decisions, settings_of
 from . import render as R
 from .decisions import decision_tables
@@ -100,6 +102,8 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
     routers = runs.requests.select(pl.col("router").unique()).collect().to_series().to_list()
     if baseline not in routers:
         warnings.append(f"baseline router {baseline!r} is not in these runs; improvements are empty")
+    if runs.requests.select(shed_expr().any()).collect().item():  # flow control shed requests: say the admitted load
+        warnings.append(admitted_load_line(summarize(runs.requests, by=keys, slo=slo)) or "")
     tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
     tables += decision_tables(read_decisions([(i.label, i.path) for i in runs.infos]))
     return Report(runs, keys, tables, baseline, warnings, slo)

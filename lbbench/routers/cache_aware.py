@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..core import ClusterView, Decision, Request
+from ..core import ClusterView, Decision, InstanceView, Request
 from ..profiles import Profile
 from .heuristics import _Base
 from .prefix_tree import PrefixTrees, lru_bound
@@ -97,15 +97,23 @@ class PrefixLoad(_Base):
         lo, hi = min(waiting), max(waiting)
         wp, wq, wk = self.w
         scores = {}
-        for iv, q in zip(healthy, waiting):
-            prefix = self.trees.match_tokens(iv.index, r) / max(1, r.prompt_tokens)
+        for iv, q, prefix in zip(healthy, waiting, self.prefix_scores(r, healthy, now_s)):
             queue_score = 1.0 if hi == lo else (hi - q) / (hi - lo)
             used = (iv.context_tokens + iv.prompt_tokens_pending) / max(1, iv.spec.kv_capacity_tokens)
             scores[iv.index] = wp * prefix + wq * queue_score + wk * (1.0 - min(1.0, used))
         inst = self._argmin(view, lambda iv: -scores.get(iv.index, float("-inf")))
         assert inst is not None
-        self.trees.insert(inst, r)
+        self.sent(inst, r)
         return Decision(0, inst)
+
+    def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
+        """The prefix-cache scorer per healthy instance, in [0, 1]: the share of the prompt the router sent there
+        before."""
+        return [self.trees.match_tokens(iv.index, r) / max(1, r.prompt_tokens) for iv in healthy]
+
+    def sent(self, inst: int, r: Request) -> None:
+        """``r`` goes to ``inst``: the router's prefix view remembers it."""
+        self.trees.insert(inst, r)
 
 
 @register("session_affinity", "every turn of a session to the instance of its first turn (least loaded then)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request
-from ..prefix_blocks import block_keys
+from ..prefix_blocks import block_keys, leading_matches
 from ..profiles import Profile
 
 
@@ -71,13 +71,7 @@ class PrefixTrees:
     def match_blocks(self, instance: int, request: Request) -> int:
         """Leading nodes of ``request``'s prompt found in ``instance``'s tree."""
         chains, _ = self._chains(request)
-        tree = self.trees[instance]
-        n = 0
-        for c in chains:
-            if c not in tree:
-                break
-            n += 1
-        return n
+        return leading_matches(chains, self.trees[instance])
 
     def match_tokens(self, instance: int, request: Request) -> int:
         """Prompt tokens of ``request`` expected cached on ``instance``."""

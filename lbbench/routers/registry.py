@@ -31,7 +31,7 @@ _REGISTRY: dict[str, RouterInfo] = {}
 _LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
                  "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead",
                  "lbbench.routers.capacity", "lbbench.routers.kv_overlap", "lbbench.routers.token_affinity",
-                 "lbbench.routers.predicted_latency")
+                 "lbbench.routers.predicted_latency", "lbbench.routers.precise_prefix")
 
 
 def register(name: str, description: str) -> Callable[[Any], Any]:
@@ -61,11 +61,25 @@ ORACLE_REFUSAL = ("{name} is an oracle: it reads true lengths and future arrival
                   "simulator")
 
 
-def needs_simulator(name: str) -> bool:
-    """Whether router ``name`` is an oracle that reads the simulator (true lengths, future arrivals)."""
+def _declares(name: str, flag: str) -> bool:
     _load_all()
     info = _REGISTRY.get(name)
-    return bool(info is not None and getattr(info.factory, "needs_simulator", False))
+    return bool(info is not None and getattr(info.factory, flag, False))
+
+
+def needs_simulator(name: str) -> bool:
+    """Whether router ``name`` is an oracle that reads the simulator (true lengths, future arrivals)."""
+    return _declares(name, "needs_simulator")
+
+
+#: what a live or proxy backend says when asked to run a router fed by the engines' KV events
+KV_EVENTS_REFUSAL = ("{name} reads the instances' KV events, which only the simulator feeds it (a live run or the "
+                     "proxy has no KV event subscriber)")
+
+
+def needs_kv_events(name: str) -> bool:
+    """Whether router ``name`` must be fed the instances' KV events (``bind_kv_events``)."""
+    return _declares(name, "needs_kv_events")
 
 
 def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile | None = None,

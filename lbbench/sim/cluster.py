@@ -42,6 +42,12 @@ through its methods (a router is set with ``set_router``).
 - ``timeline`` (the samples), ``completions_log`` (``(finish time, request id)``), ``now_s``,
   ``num_completed``.
 
+Flow control (``admission=``, ``lbbench.admission``): arrivals are held at the gateway and released to the
+router as the pool has room; a request shed there (429 on arrival, 503 displaced) is recorded at once with its
+``http_status`` and ``error`` and no instance (``instance = -1``).
+
+A signal lag (``signal_lag_s``): the router sees the instances as they were that long ago (``Dispatcher``).
+
 Multi-turn sessions run closed loop: a turn after a session's first arrives when
 the previous turn has finished (as the client sees it) plus its ``think_s``, or
 at its own ``arrival_s`` if that is later.
@@ -54,6 +60,7 @@ from dataclasses import replace
 from enum import IntEnum
 from typing import Callable, Iterable, NamedTuple, Sequence
 
+from ..admission import STATUS_REJECTED, AdmissionSpec, FlowController
 from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken, InstanceSpec,
                     MetricsSample, Request, RequestRecord, StepsAdvanced, chain_sessions)
 from ..dispatch import Dispatcher, Router
@@ -119,7 +126,8 @@ class ClusterSim:
                  prompt_buckets: tuple[int, ...] | None = None,
                  decode_buckets: tuple[int, ...] | None = None,
                  prefix_caching: bool | None = None,
-                 profiles: Sequence[Profile] | None = None):
+                 profiles: Sequence[Profile] | None = None, admission: AdmissionSpec | None = None,
+                 signal_lag_s: float = 0.0):
         if num_instances < 1:
             raise ValueError("instances must be >= 1")
         if profiles is None:
@@ -170,7 +178,8 @@ class ClusterSim:
         self._timer_pending = False
         self._auto = True
         self._progress: Callable[[int, int], None] | None = None
-        self.dispatcher = Dispatcher(_Hold(), self.state)
+        self.dispatcher = Dispatcher(_Hold(), self.state, admission=None if admission is None else FlowController(
+            admission, [specs[id(p)] for p in profiles]), signal_lag_s=signal_lag_s)
         if timeline_interval_s:
             self._push(0.0, _SAMPLE, None)
 
@@ -204,6 +213,30 @@ class ClusterSim:
         if nxt is not None:  # the session's next turn: after this answer (as the client saw it) + think time
             done_s = (r.finish_s + lag) if error is None else self.now_s
             self._push(max(nxt.arrival_s, done_s + nxt.think_s), _ARRIVAL, nxt)
+        if self._progress is not None:
+            self._progress(self.num_completed, self.num_requests)
+
+    def _arrive(self, req: Request) -> None:
+        """``req`` reaches the gateway: into the router's queue, or held and perhaps shed (flow control)."""
+        disp = self.dispatcher
+        disp.arrive(req)
+        if disp.shed:
+            for r, status in disp.shed:
+                self._record_shed(r, status)
+            disp.shed.clear()
+        self._epoch()
+
+    def _record_shed(self, req: Request, status: int) -> None:
+        """The record of a request flow control shed now: no instance, its status and why."""
+        why = "queue at capacity" if status == STATUS_REJECTED else "displaced by a higher-priority request"
+        self.records.append(RequestRecord.for_request(
+            req, run_id=self.run_id, router=self.router_name, seed=self.seed, instance=-1, dispatch_s=self.now_s,
+            first_token_s=None, finish_s=None, generated_tokens=0, http_status=status,
+            error=f"shed by flow control ({status}): {why}"))
+        self.num_completed += 1
+        nxt = self._next_turn.pop(req.request_id, None)
+        if nxt is not None:  # the session goes on after the refusal, as after a failure
+            self._push(max(nxt.arrival_s, self.now_s + nxt.think_s), _ARRIVAL, nxt)
         if self._progress is not None:
             self._progress(self.num_completed, self.num_requests)
 
@@ -300,6 +333,9 @@ class ClusterSim:
         bind = getattr(router, "bind_simulator", None)
         if bind is not None:
             bind(self)
+        bind_kv = getattr(router, "bind_kv_events", None)
+        if bind_kv is not None:  # a precise prefix router reads the instances' KV events
+            bind_kv(self.subscribe_kv_events)
         if label is not None:
             self.router_name = label
 
@@ -336,7 +372,7 @@ class ClusterSim:
         return self._timer_pending
 
     def _epoch(self) -> None:
-        if not self._auto or not len(self.dispatcher):
+        if not self._auto or not self.dispatcher.waiting:
             return
         self.send(self.dispatcher.decide(self.now_s))
 
@@ -390,11 +426,10 @@ class ClusterSim:
                     if te is not None:
                         self._seq += 1
                         heappush(heap, (te, _WAKE, self._seq, _WAKE, (i, ver)))
-                    if self.num_completed != completed and len(self.dispatcher):
+                    if self.num_completed != completed and self.dispatcher.waiting:
                         self._epoch()
                 elif kind == _ARRIVAL:  # a session's next turn
-                    self.dispatcher.arrive(replace(data, arrival_s=t))  # type: ignore[type-var]
-                    self._epoch()
+                    self._arrive(replace(data, arrival_s=t))  # type: ignore[type-var]
                 elif kind == _TIMER:
                     self._timer_pending = False
                     self._epoch()
@@ -413,8 +448,7 @@ class ClusterSim:
         self._next_arrival += 1
         if req.arrival_s > self.now_s:
             self.now_s = req.arrival_s
-        self.dispatcher.arrive(req)
-        self._epoch()
+        self._arrive(req)
 
     def _sample(self, t: float) -> None:
         for inst in self.instances:

@@ -139,6 +139,11 @@ def fork(sim: "ClusterSim") -> "ClusterSim":
     disp.__dict__.update({k: _plain(v) for k, v in sim.dispatcher.__dict__.items()})
     disp.state = state
     disp.guard = None  # an epoch guard reads the original's state
+    if disp.admission is not None:
+        disp.admission = disp.admission.fork()
+    if disp.router_state is not None:  # a signal lag: the router's delayed view and its hook are the fork's own
+        disp.router_state = fork_state(sim.dispatcher.router_state)
+        disp._on_event = disp._delay
     d["dispatcher"] = disp
     d["_progress"] = None
     new.__dict__.update(d)
