@@ -22,6 +22,7 @@ from rich.table import Table
 from ..distributed import UnitError, get_executor
 from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
+from ..kv_links import DEFAULT_LINK
 from ..live.saturation import DEFAULT_WINDOW_S
 from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
@@ -115,6 +116,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
         timeline_interval_s=kw["timeline_interval"] or None, slo=slo_limits(kw["slo"]),
         prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
+        kv_link=kw.get("kv_link") or DEFAULT_LINK,
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
         endpoints=endpoints, launch_model=kw["launch_model"],
         launch_args=_launch_args(kw.get("launch_args", ())),
@@ -143,7 +145,13 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "e.g. llama3.1-8b-a100:2,llama3.1-8b-l4:2 (instances 0-1 on the first). Replaces --profile and "
                    "--instances (giving either with it is an error); --profile P --instances N is the fleet P:N. "
                    "Routers that take one profile are given the first entry's; capacity-aware ones read each "
-                   "instance's spec.")
+                   "instance's spec. A third field gives a role for prefill/decode disaggregation, "
+                   "e.g. llama3.1-8b-h100:2:prefill,llama3.1-8b-a100:4:decode (mixed, the default, does both; "
+                   "routers: pd_llmd, pd_llmd_always, pd_dynamo, pd_vllm, pd_joint).")
+@click.option("--kv-link", default=None, metavar="NAME|BYTES_S[@LATENCY_S]",
+              help="Prefill/decode fleets: the link a request's KV crosses, nvlink4 | nvlink3 | rdma-400g | "
+                   "rdma-200g | pcie5 | pcie4, or bytes/s with an optional latency (40e9@50e-6); transfers sharing "
+                   f"an instance's link are serialized  [default: {DEFAULT_LINK}].")
 @click.option("--workload", default="paper-mix", show_default=True,
               help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | shared-prefix[:K=V,...] | "
                    "dataset:FILE.jsonl (ignored with --trace).")

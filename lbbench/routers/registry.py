@@ -31,7 +31,7 @@ _REGISTRY: dict[str, RouterInfo] = {}
 _LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
                  "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead",
                  "lbbench.routers.capacity", "lbbench.routers.kv_overlap", "lbbench.routers.token_affinity",
-                 "lbbench.routers.predicted_latency")
+                 "lbbench.routers.predicted_latency", "lbbench.routers.pd")
 
 
 def register(name: str, description: str) -> Callable[[Any], Any]:
@@ -66,6 +66,13 @@ def needs_simulator(name: str) -> bool:
     _load_all()
     info = _REGISTRY.get(name)
     return bool(info is not None and getattr(info.factory, "needs_simulator", False))
+
+
+def is_pair_router(name: str) -> bool:
+    """Whether router ``name`` routes prefill/decode pairs (``PairDecision``s; it needs a fleet with roles)."""
+    _load_all()
+    info = _REGISTRY.get(name)
+    return bool(info is not None and getattr(info.factory, "pair_router", False))
 
 
 def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile | None = None,
