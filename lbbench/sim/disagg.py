@@ -18,7 +18,9 @@ and vLLM's path (llm-d-inference-scheduler ``docs/disagg_pd.md``; vLLM's NIXL co
 3. **Decode admission.** When the KV lands, the decode instance takes it (``SimInstance.import_blocks``): its
    next step computes the last prompt token and makes the first token the client sees. When its blocks do
    not fit, it waits, first come first served per decode instance, and is tried again each time that
-   instance's step segment ends (when blocks may have been freed); it is never dropped.
+   instance's step segment ends (when blocks may have been freed); it is never dropped. KV is taken at a step
+   boundary only (the instance's segment in progress is cut after the step running, as an arrival cuts it):
+   the block demand of a segment's later steps is counted when the segment ends.
 
 A request sent whole (``Decision``, or ``PairDecision`` with ``prefill`` None) runs as in ``ClusterSim``. Each
 disaggregated request's record carries ``prefill_instance``, ``prefill_done_s``, ``kv_ready_s``,
@@ -37,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core import Dispatched, Request, prefill_leg
+from ..core import Dispatched, Failed, Request, prefill_leg
 from ..kv_links import KVLink
 from ..profiles import Profile
 from .cluster import _TRANSFER, ClusterSim
@@ -143,6 +145,15 @@ class DisaggSim(ClusterSim):
         """Hand the KV that landed on ``d`` to its engine, first come first served, while its blocks fit."""
         inst, queue, now = self.instances[d], self._landed[d], self.now_s
         self._observe(inst.advance(now))
+        if inst.seg_k and inst.seg_t0 < now and (inst.seg_sched or not inst.seg_prefill_only):
+            # inside a segment of steps: the blocks of its steps after the first are counted when it ends, so
+            # the free count is known at a step boundary only. Cut it after the step in progress (as an arrival
+            # does) and take the KV then.
+            inst._cut_segment(now, 2 if inst.async_scheduling else 1)
+            self._reschedule(d)
+            self._retry_version[d] += 1
+            self._push(inst.seg_end, _TRANSFER, (_RETRY, (d, self._retry_version[d])))
+            return
         while queue:
             leg = queue[0]
             req = leg.request
@@ -173,5 +184,7 @@ class DisaggSim(ClusterSim):
                 self._push(te, _TRANSFER, (_RETRY, (d, self._retry_version[d])))
 
     def _fail_on(self, inst: SimInstance, leg: _Leg, error: str) -> None:
+        """``leg`` cannot decode on ``inst``: it fails there (the state and the router see it end)."""
         leg.decoding = True
+        self.dispatcher.observe(Failed(leg.request.request_id, inst.index, self.now_s, error))
         self._record(inst, SimRequest(leg.request), error)
