@@ -28,10 +28,11 @@ from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
 from ..profiles import load_profile
 from ..reports.render import cell, to_rich
+from ..reports.disagg import disagg_table, roles_table
 from ..reports.tables import instances_table
 from ..routers.registry import needs_simulator
-from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests,
-                      scan_requests)
+from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, TIMELINE_FILE, has_decisions,
+                      read_requests, scan_requests)
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
@@ -483,8 +484,9 @@ def summary_table(summary: Any, cfg: RunConfig, complete: bool = True, wide: boo
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = summary_columns(summary, cfg, wide)
     fleet = cfg.fleet_of()
-    where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
-             else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
+    uniform = fleet.is_uniform and not fleet.is_disaggregated
+    where = (f"live x{cfg.instances}" if cfg.backend == "live" and uniform
+             else f"{cfg.profile} x{cfg.instances}" if uniform else f"fleet {fleet.label}")
     rate = ",".join(f"{r:g}" for r in cfg.rates) if cfg.rates else (cfg.rate_per_s or "trace")
     title = (f"{where}, {cfg.trace or cfg.workload}, "
              f"{rate} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
@@ -531,6 +533,12 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     requests = scan_requests(out_dir)
     if not fleet.is_uniform and requests is not None:  # how each kind of instance fared
         to_rich([instances_table(requests, cfg.group_keys())], console)
+    if fleet.is_disaggregated and requests is not None:  # prefill/decode: TTFT split, transfers, roles' load
+        tl = Path(out_dir) / TIMELINE_FILE
+        timeline = pl.scan_parquet(tl) if tl.is_file() else None
+        pd = [disagg_table(requests, cfg.group_keys())]
+        pd += [roles_table(timeline, cfg.group_keys(), fleet.roles())] if timeline is not None else []
+        to_rich([t for t in pd if t is not None], console)
     more = f", {DECISIONS_FILE}" if has_decisions(out_dir) else ""
     hint = "" if wide else f"; more columns: --wide, or lbbench report {out_dir}"
     console.print(f"[dim]wrote {out_dir}/{REQUESTS_FILE}, {SUMMARY_FILE}{more}, {RUN_TOML}{hint}[/dim]",

@@ -40,7 +40,8 @@ from typing import Any, Sequence
 
 from ..core import ClusterView, Event, InstanceView, PairDecision, Request
 from ..errors import InputError
-from ..kv_links import DEFAULT_LINK, kv_bytes_per_token, parse_kv_link
+from ..kv_links import DEFAULT_LINK, parse_kv_link
+from ..kv_links import kv_bytes_per_token as profile_kv_bytes_per_token
 from ..profiles import Profile
 from .heuristics import _Seeded
 from .kv_overlap import KvOverlap
@@ -196,11 +197,14 @@ class PdVllm(_PairRouter):
                       "of earliest predicted completion (prefill queue and speed, the KV transfer, decode speed)")
 class PdJoint(_PairRouter):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 short_prompt_tokens: int = 256, kv_link: str = DEFAULT_LINK, **kw: Any):
+                 short_prompt_tokens: int = 256, kv_link: str = DEFAULT_LINK,
+                 kv_bytes_per_token: float | None = None, **kw: Any):
         super().__init__(num_instances, seed, profile=profile, **kw)
         self.short_prompt_tokens = int(short_prompt_tokens)
-        self.link = parse_kv_link(kv_link)
-        self.kv_bytes_per_token = kv_bytes_per_token(profile) if profile is not None else 131072.0
+        self.link = parse_kv_link(str(kv_link))
+        if kv_bytes_per_token is None:  # the profile's (Llama-3.1-8B's 128 KiB without one)
+            kv_bytes_per_token = profile_kv_bytes_per_token(profile) if profile is not None else 131072.0
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
 
     @staticmethod
     def _prefill_s(iv: InstanceView, tokens: int) -> float:
