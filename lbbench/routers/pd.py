@@ -24,13 +24,17 @@ where), into which a disaggregated request goes on both sides (the decode instan
   ``079da2e3e685913d0057f6d3649070f826cbd445``, Apache-2.0): a worker of the prefill group by the prefill
   policy, then one of the decode group by the decode policy; both round robin here (the router's policies are
   configured; round robin is the plainest). Always disaggregates.
-- ``pd_joint``: lbbench's own. Prompts whose uncached part on the best decode candidate is at most
-  ``short_prompt_tokens`` are served whole (a transfer costs more than it saves); the others go to the
-  (prefill, decode) pair with the earliest predicted completion, every pair scored jointly:
+- ``pd_joint``: lbbench's own. Prompts whose uncached part on some decode candidate is at most
+  ``short_prompt_tokens`` (16, one KV block) are served whole (a transfer costs more than it saves), on the decode candidate of
+  least cost below. The others take the option of least cost among every (prefill, decode) pair and every decode
+  candidate serving it whole, scored jointly. A pair costs its predicted completion:
   ``prefill backlog / prefill speed + uncached prompt / prefill speed + min step`` on the prefill instance, the
   transfer ``latency + prompt x KV bytes per token / link bandwidth`` (``lbbench.kv_links``), then on the decode
   instance its own prefill backlog plus ``expected output x time per token``, a token taking
-  ``max(min step, (decoding + 1) / batch decode speed)``. Speeds are the ``InstanceSpec``'s.
+  ``max(min step, (decoding + 1) / batch decode speed)``. Served whole on ``d``, the request's completion is
+  ``d``'s backlog, its own prefill and its decode, and it costs besides the stall its prefill imposes on the
+  requests decoding there (``uncached prompt / prefill speed x decoding``, weighted by ``interference``): so
+  long prompts go whole only when the prefill instances are backed up. Speeds are the ``InstanceSpec``'s.
 """
 
 from __future__ import annotations
@@ -194,13 +198,15 @@ class PdVllm(_PairRouter):
 
 
 @register("pd_joint", "lbbench's P/D: short uncached prompts served whole, the others on the (prefill, decode) pair "
-                      "of earliest predicted completion (prefill queue and speed, the KV transfer, decode speed)")
+                      "or the whole-serving decode instance of least predicted completion (prefill queue and speed, "
+                      "the KV transfer, decode speed, the stall a local prefill imposes)")
 class PdJoint(_PairRouter):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 short_prompt_tokens: int = 256, kv_link: str = DEFAULT_LINK,
-                 kv_bytes_per_token: float | None = None, **kw: Any):
+                 short_prompt_tokens: int = 16, kv_link: str = DEFAULT_LINK,
+                 kv_bytes_per_token: float | None = None, interference: float = 1.0, **kw: Any):
         super().__init__(num_instances, seed, profile=profile, **kw)
         self.short_prompt_tokens = int(short_prompt_tokens)
+        self.interference = float(interference)
         self.link = parse_kv_link(str(kv_link))
         if kv_bytes_per_token is None:  # the profile's (Llama-3.1-8B's 128 KiB without one)
             kv_bytes_per_token = profile_kv_bytes_per_token(profile) if profile is not None else 131072.0
@@ -228,14 +234,22 @@ class PdJoint(_PairRouter):
         return (self._prefill_s(p, self.uncached_tokens(prefill, request)) + transfer_s
                 + d.prompt_tokens_pending / d.spec.prefill_tokens_per_s + self._decode_s(d, request))
 
+    def cost_s(self, request: Request, view: ClusterView, decode: int, prefill: int | None) -> float:
+        """What ``route`` minimises: the predicted completion, plus, served whole, the stall of the requests
+        decoding there."""
+        t = self.predicted_s(request, view, decode, prefill)
+        if prefill is None:
+            d = view.instances[decode]
+            t += self.interference * d.num_decoding * self.uncached_tokens(decode, request) / d.spec.prefill_tokens_per_s
+        return t
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> PairDecision | None:
         r = queue[0]
         prefill_group, decode_group = role_groups(view)
         if not decode_group:
             return None
-        whole = min(decode_group, key=lambda i: (self.predicted_s(r, view, i, None), i))
-        if not prefill_group or min(self.uncached_tokens(i, r) for i in decode_group) <= self.short_prompt_tokens:
-            return self.decide(r, whole, None)
-        p, d = min(((p, d) for p in prefill_group for d in decode_group),
-                   key=lambda pd: (self.predicted_s(r, view, pd[1], pd[0]), pd))
+        options: list[tuple[int | None, int]] = [(None, d) for d in decode_group]
+        if prefill_group and min(self.uncached_tokens(i, r) for i in decode_group) > self.short_prompt_tokens:
+            options += [(p, d) for p in prefill_group for d in decode_group]
+        p, d = min(options, key=lambda o: (self.cost_s(r, view, o[1], o[0]), o[0] is None, o[0] or 0, o[1]))
         return self.decide(r, d, p)

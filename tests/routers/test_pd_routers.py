@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lbbench.core import ClusterState, Dispatched, Finished, InstanceSpec, PairDecision, Request
+from lbbench.core import ClusterState, Dispatched, Finished, FirstToken, InstanceSpec, PairDecision, Request
 from lbbench.routers import get_router
 from lbbench.routers.registry import is_pair_router
 
@@ -79,24 +79,39 @@ def test_dynamo_prefills_by_kv_cost_then_decodes_by_active_blocks():
     assert _route(router, _req(3, 32), state) == PairDecision(0, 3, 0)
 
 
-def test_joint_picks_the_pair_of_earliest_predicted_completion():
-    router = get_router("pd_joint", num_instances=4, kv_link="1e6", kv_bytes_per_token=1000.0)
-    state = _state([(0, 500), (2, 2000)])
-    view = state.view()
+def _joint_state(prefill_backlog):
+    """Prefill instances with ``prefill_backlog`` prompt tokens each waiting; two requests decoding on each decode
+    instance."""
+    state = _state([(0, prefill_backlog[0]), (1, prefill_backlog[1])])
+    for k, inst in enumerate((2, 2, 3, 3)):
+        state.apply(Dispatched(Request(2000 + k, 0.0, 10, 100), inst, 0.0))
+        state.apply(FirstToken(2000 + k, inst, 0.1))
+    return state
+
+
+def test_joint_picks_the_pair_of_least_predicted_completion():
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((500, 0))
+    view, r = state.view(), _req(1, 1000)
+    # a token takes max(0.02, (2 + 1)/50) = 0.06 s: 10 tokens 0.6 s. Pair (1, 2): 1000/5000 + 0.02 to prefill,
+    # 999 x 1000 B at 1 GB/s to move, no backlog on decode 2, then 0.6 s
+    assert router.cost_s(r, view, 2, 1) == pytest.approx(0.22 + 0.000999 + 0.6)
+    assert router.cost_s(r, view, 2, 0) == pytest.approx(0.32 + 0.000999 + 0.6)  # behind 500 tokens
+    # whole on decode 2: 0.22 + 0.6, and its 0.2 s prefill stalls the 2 requests decoding there: + 0.4
+    assert router.cost_s(r, view, 2, None) == pytest.approx(0.82 + 0.4)
+    assert _route(router, r, state) == PairDecision(0, 2, 1)  # decode 2 and 3 tie: the lower index
+
+
+def test_joint_serves_whole_when_the_prefill_instances_are_backed_up_or_the_prompt_is_short():
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((5000, 5000))
     r = _req(1, 1000)
-    # prefill 1: 1000/5000 + 0.02; transfer 999 x 1000 B at 1 MB/s; decode 3: no backlog, 10 x max(0.02, 1/50)
-    assert router.predicted_s(r, view, 3, 1) == pytest.approx(0.22 + 0.999 + 0.0 + 0.2)
-    assert router.predicted_s(r, view, 2, 0) == pytest.approx(0.32 + 0.999 + 0.4 + 0.2)
-    assert _route(router, r, state) == PairDecision(0, 3, 1)
-
-
-def test_joint_serves_short_prompts_whole_on_the_quickest_decode_instance():
-    router = get_router("pd_joint", num_instances=4, kv_link="1e6", kv_bytes_per_token=1000.0)
-    state = _state([(2, 2000)])
-    r = _req(1, 200)
-    # decode 2: (2000 + 200)/5000 + 0.02 + 0.2 = 0.66; decode 3: 200/5000 + 0.02 + 0.2 = 0.26
-    assert router.predicted_s(r, state.view(), 3, None) == pytest.approx(0.26)
-    assert _route(router, r, state) == PairDecision(0, 3, None)
+    # a pair now costs (5000 + 1000)/5000 + 0.02 + 0.000999 + 0.6 = 1.821; whole costs 1.22
+    assert router.cost_s(r, state.view(), 3, 0) == pytest.approx(1.22 + 0.000999 + 0.6)
+    assert _route(router, r, state) == PairDecision(0, 2, None)
+    # 10 tokens (<= 16): whole, no pair considered, even with idle prefill instances
+    assert _route(router, _req(2, 10), _joint_state((0, 0))) == PairDecision(0, 2, None)
+    assert _route(router, _req(3, 200), _joint_state((0, 0))) == PairDecision(0, 2, 0)  # 200: a pair again
 
 
 def test_no_decode_candidate_defers():
