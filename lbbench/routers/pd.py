@@ -31,7 +31,8 @@ where), into which a disaggregated request goes on both sides (the decode instan
   ``prefill backlog / prefill speed + uncached prompt / prefill speed + min step`` on the prefill instance, the
   transfer ``latency + prompt x KV bytes per token / link bandwidth`` (``lbbench.kv_links``), then on the decode
   instance its own prefill backlog plus ``expected output x time per token``, a token taking
-  ``max(min step, (decoding + 1) / batch decode speed)``. Served whole on ``d``, the request's completion is
+  ``min step + (outstanding + 1) / batch decode speed`` (outstanding: the requests there, those whose KV is on
+  its way included). Served whole on ``d``, the request's completion is
   ``d``'s backlog, its own prefill and its decode, and it costs besides the stall its prefill imposes on the
   requests decoding there (``uncached prompt / prefill speed x decoding``, weighted by ``interference``): so
   long prompts go whole only when the prefill instances are backed up. Speeds are the ``InstanceSpec``'s.
@@ -219,8 +220,10 @@ class PdJoint(_PairRouter):
 
     @staticmethod
     def _decode_s(iv: InstanceView, request: Request) -> float:
+        """Its decode on ``iv``: a step takes the minimum step plus a share of the batch decode speed per sequence
+        there (every outstanding request, those still arriving with their KV included, and this one)."""
         spec = iv.spec
-        per_token_s = max(spec.min_step_s, (iv.num_decoding + 1) / spec.batch_decode_tokens_per_s)
+        per_token_s = spec.min_step_s + (iv.num_outstanding + 1) / spec.batch_decode_tokens_per_s
         return request.expected_output_tokens * per_token_s
 
     def predicted_s(self, request: Request, view: ClusterView, decode: int, prefill: int | None) -> float:

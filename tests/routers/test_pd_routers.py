@@ -93,12 +93,12 @@ def test_joint_picks_the_pair_of_least_predicted_completion():
     router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
     state = _joint_state((500, 0))
     view, r = state.view(), _req(1, 1000)
-    # a token takes max(0.02, (2 + 1)/50) = 0.06 s: 10 tokens 0.6 s. Pair (1, 2): 1000/5000 + 0.02 to prefill,
-    # 999 x 1000 B at 1 GB/s to move, no backlog on decode 2, then 0.6 s
-    assert router.cost_s(r, view, 2, 1) == pytest.approx(0.22 + 0.000999 + 0.6)
-    assert router.cost_s(r, view, 2, 0) == pytest.approx(0.32 + 0.000999 + 0.6)  # behind 500 tokens
-    # whole on decode 2: 0.22 + 0.6, and its 0.2 s prefill stalls the 2 requests decoding there: + 0.4
-    assert router.cost_s(r, view, 2, None) == pytest.approx(0.82 + 0.4)
+    # a token takes 0.02 + (2 + 1)/50 = 0.08 s: 10 tokens 0.8 s. Pair (1, 2): 1000/5000 + 0.02 to prefill,
+    # 999 x 1000 B at 1 GB/s to move, no backlog on decode 2, then 0.8 s
+    assert router.cost_s(r, view, 2, 1) == pytest.approx(0.22 + 0.000999 + 0.8)
+    assert router.cost_s(r, view, 2, 0) == pytest.approx(0.32 + 0.000999 + 0.8)  # behind 500 tokens
+    # whole on decode 2: 0.22 + 0.8, and its 0.2 s prefill stalls the 2 requests decoding there: + 0.4
+    assert router.cost_s(r, view, 2, None) == pytest.approx(1.02 + 0.4)
     assert _route(router, r, state) == PairDecision(0, 2, 1)  # decode 2 and 3 tie: the lower index
 
 
@@ -106,8 +106,8 @@ def test_joint_serves_whole_when_the_prefill_instances_are_backed_up_or_the_prom
     router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
     state = _joint_state((5000, 5000))
     r = _req(1, 1000)
-    # a pair now costs (5000 + 1000)/5000 + 0.02 + 0.000999 + 0.6 = 1.821; whole costs 1.22
-    assert router.cost_s(r, state.view(), 3, 0) == pytest.approx(1.22 + 0.000999 + 0.6)
+    # a pair now costs (5000 + 1000)/5000 + 0.02 + 0.000999 + 0.8 = 2.021; whole costs 1.42
+    assert router.cost_s(r, state.view(), 3, 0) == pytest.approx(1.22 + 0.000999 + 0.8)
     assert _route(router, r, state) == PairDecision(0, 2, None)
     # 10 tokens (<= 16): whole, no pair considered, even with idle prefill instances
     assert _route(router, _req(2, 10), _joint_state((0, 0))) == PairDecision(0, 2, None)
