@@ -304,7 +304,8 @@ class RunConfig:
                               f"router ({', '.join(n for n in available_routers() if is_pair_router(n))})",
                               "routers")
         if self.counterfactual is not None:
-            raise ConfigError("needs simulator forks; a prefill/decode simulator has none yet", "counterfactual")
+            raise ConfigError("its alternatives are single instances, not prefill/decode pairs; not on a fleet with "
+                              "roles", "counterfactual")
         for e in fleet.entries:
             try:
                 kv_bytes_per_token(e.profile)

@@ -36,13 +36,14 @@ A fleet without roles never builds this class (``ClusterSim`` runs as before: ``
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from ..core import Dispatched, Failed, Request, prefill_leg
 from ..kv_links import KVLink
 from ..profiles import Profile
 from .cluster import _TRANSFER, ClusterSim
+from .fork import fork
 from .instance import KVTransfer, SimInstance, SimRequest
 
 _START, _LANDED, _RETRY = 0, 1, 2
@@ -82,8 +83,17 @@ class DisaggSim(ClusterSim):
         self._landed: list[deque[_Leg]] = [deque() for _ in range(num_instances)]
         self._retry_version = [0] * num_instances
 
-    def clone(self) -> "ClusterSim":
-        raise NotImplementedError("a prefill/decode simulator cannot be cloned yet (no planner runs on one)")
+    def clone(self) -> "DisaggSim":
+        """An independent copy at the current time (``lbbench.sim.fork``), the requests between their prefill
+        and their decode (in transfer, landed, waiting for blocks) included."""
+        new = fork(self)
+        legs = {rid: replace(leg) for rid, leg in self._legs.items()}
+        twin = {id(leg): legs[rid] for rid, leg in self._legs.items()}
+        new._legs = legs
+        new._landed = [deque(twin[id(leg)] for leg in q) for q in self._landed]
+        new._heap = [(t, k, seq, k2, (data[0], twin[id(data[1])]) if k == _TRANSFER and data[0] != _RETRY else data)
+                     for t, k, seq, k2, data in self._heap]  # the same keys in the same order: still a heap
+        return new
 
     # ------------------------------------------------------------------ 1. prefill
     def _send(self, req: Request, i: int) -> None:

@@ -1,8 +1,11 @@
 """Prefill/decode disaggregation on the simulator (``lbbench.sim.disagg``): a hand-computed two-instance case,
 transfers serialized on a shared link, a decode instance whose blocks are full (the request waits, never
-dropped), role-less records unchanged, and the lifecycle invariants of any workload."""
+dropped), role-less records unchanged, the lifecycle invariants of any workload, and a clone with transfers in
+flight."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 from hypothesis import given, settings
@@ -127,3 +130,20 @@ def test_a_plain_decision_on_a_role_fleet_serves_whole():
 
     (rec,) = _sim(prof, ["prefill", "decode"], [req(0, 0.0, 20, 5)]).run(Whole())
     assert rec.prefill_instance is None and rec.instance == 1 and rec.transfer_bytes is None
+
+
+@pytest.mark.parametrize("at_s, landed", [(0.02, 0), (0.05, 0), (0.3, 4)])
+def test_a_clone_taken_with_transfers_in_flight_runs_on_to_the_same_records(at_s, landed):
+    prof = tiny_profile(num_kv_blocks=16, max_model_len=60)
+    reqs = [req(i, 0.01 * i, 20 + 3 * i, 6 + i) for i in range(12)]
+    sim = _sim(prof, ["prefill", "prefill", "decode"], reqs)
+    sim.set_router(get_router("pd_vllm", num_instances=3))
+    sim.run_until(at_s)
+    assert sim._legs and len(sim._landed[2]) == landed  # requests between prefill and decode; KV waiting for blocks
+    twin = sim.clone()
+    twin.set_router(copy.deepcopy(sim.dispatcher.router))  # a fork keeps the original's router object
+    assert twin._legs.keys() == sim._legs.keys()
+    assert all(twin._legs[k] is not sim._legs[k] for k in sim._legs)
+    twin.run_until(float("inf"))
+    sim.run_until(float("inf"))
+    assert twin.records == sim.records and len(sim.records) == 12
