@@ -153,7 +153,7 @@ CASES = {
             "--timeline-interval", "0", "--counterfactual", "2", "--counterfactual-every", "3",
             "--saturation-threshold", "3", "--saturation-window", "10", "--ray"],
     "classes": ["--workload", "paper-classes", "--order", "lh_then_hl,all_random", "--chunked-prefill", "on",
-                "--router", "wgrl", "--checkpoint", "ckpt/"],
+                "--router", "wgrl", "--checkpoint", "ckpt/", "--kv-link", "pcie4"],
     "trace": ["--trace", "t.csv", "--trace-format", "mapped", "--mapping", "arrival=a,prompt=p,output=o",
               "--skip-bad-rows", "--time-scale", "2", "--window", "10:", "--max-prompt-tokens", "1000",
               "--prompt-overflow", "truncate"],

@@ -200,7 +200,7 @@ _SAME = {
     "send_lead_s": "send_lead", "cpus_per_instance": "cpus_per_instance", "api_server_cores": "api_server_cores",
     "saturation_threshold_per_s": "saturation_threshold", "saturation_window_s": "saturation_window",
     "on_saturation": "on_saturation", "decisions": "decisions", "counterfactual": "counterfactual",
-    "counterfactual_every": "counterfactual_every",
+    "counterfactual_every": "counterfactual_every", "kv_link": "kv_link",
 }
 #: RunConfig fields set from others (``resolved()``), or read with another field
 _DERIVED = {"backend", "rates", "rate_per_s", "profile", "instances", "fleet"}
