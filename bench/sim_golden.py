@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from lbbench.core import RECORD_FIELDS
+from lbbench.core import PD_RECORD_FIELDS, RECORD_FIELDS
 from lbbench.predict import annotate, load_predictor
 from lbbench.profiles import load_profile
 from lbbench.routers import get_router
@@ -37,10 +37,17 @@ EPISODES = {
 }
 
 
+#: the fields the stored hashes cover: every field but the prefill/decode ones, which these role-less episodes
+#: must leave None (checked per record, so a role-less run that fills them fails too)
+HASHED_FIELDS = tuple(f for f in RECORD_FIELDS if f not in PD_RECORD_FIELDS)
+
+
 def records_hash(recs) -> str:
     h = hashlib.sha256()
     for r in sorted(recs, key=lambda r: r.request_id):
-        h.update(repr(tuple(getattr(r, f) for f in RECORD_FIELDS)).encode())
+        if any(getattr(r, f) is not None for f in PD_RECORD_FIELDS):
+            raise AssertionError(f"request {r.request_id}: a role-less run filled a prefill/decode field")
+        h.update(repr(tuple(getattr(r, f) for f in HASHED_FIELDS)).encode())
     return h.hexdigest()
 
 

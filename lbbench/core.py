@@ -15,7 +15,7 @@ the same aggregates, so a router sees the same ``ClusterView`` either way.
 from __future__ import annotations
 
 import heapq
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any, Iterable, NamedTuple
 
 # --------------------------------------------------------------------------- requests
@@ -178,6 +178,22 @@ class Decision(NamedTuple):
     instance: int
 
 
+class PairDecision(NamedTuple):
+    """A prefill/decode router's choice: ``queue[queue_index]`` decodes on ``instance`` after its prompt is
+    prefilled on ``prefill`` and its KV moved there; ``prefill`` None: ``instance`` serves it whole."""
+
+    queue_index: int
+    instance: int
+    prefill: int | None
+
+
+def prefill_leg(request: Request) -> Request:
+    """What a prefill instance is sent for a disaggregated request: its prompt, one token (the KV is what
+    counts; the decode instance makes the tokens the client sees), as llm-d's sidecar sends ``max_tokens=1``."""
+    pred = request.predicted_output_tokens
+    return replace(request, output_tokens=1, predicted_output_tokens=None if pred is None else 1)
+
+
 # --------------------------------------------------------------------------- buckets
 
 #: The paper's RL state buckets (tokens): 0-256, 256-2048, >=2048.
@@ -216,6 +232,9 @@ class InstanceSpec:
     prefill_tokens_per_s: float = 5000.0
     #: the profile's name, a label only (empty when unknown)
     profile_name: str = ""
+    #: its part in prefill/decode disaggregation: ``mixed`` (both, the default), ``prefill`` or ``decode``
+    #: (``lbbench.fleet.ROLES``)
+    role: str = "mixed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -620,6 +639,12 @@ class RequestRecord:
     turn: int | None = None
     think_s: float | None = None  # closed loop: pause after the previous turn finished
     cached_prompt_tokens: int | None = None  # prompt tokens served from the prefix cache (first admission)
+    # prefill/decode disaggregation (None when the request was served whole on ``instance``)
+    prefill_instance: int | None = None  # where its prompt was prefilled
+    prefill_done_s: float | None = None  # its prefill ended there (the engine's time; the client sees no token)
+    kv_ready_s: float | None = None  # its KV landed on ``instance`` (the link's queue, latency and bytes)
+    decode_admit_s: float | None = None  # ``instance`` took it (later than kv_ready_s when its blocks waited)
+    transfer_bytes: float | None = None  # KV bytes moved
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -646,13 +671,17 @@ class RequestRecord:
 
 #: the record fields ``RequestRecord.for_request`` leaves to what was measured
 _MEASURED_FIELDS = frozenset(("num_preemptions", "planned_send_s", "actual_send_s", "server_prompt_tokens",
-                              "server_output_tokens", "http_status", "error", "cached_prompt_tokens"))
+                              "server_output_tokens", "http_status", "error", "cached_prompt_tokens",
+                              "prefill_instance", "prefill_done_s", "kv_ready_s", "decode_admit_s", "transfer_bytes"))
+#: the record fields only a disaggregated request fills (None otherwise)
+PD_RECORD_FIELDS = ("prefill_instance", "prefill_done_s", "kv_ready_s", "decode_admit_s", "transfer_bytes")
 assert tuple(f.name for f in fields(RequestRecord)) == (
     "run_id", "router", "seed", "request_id", "task", "instance", "arrival_s", "dispatch_s", "first_token_s",
     "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "predicted_output_tokens", "predicted_bucket",
     "num_preemptions", "tbt_mean_s", "tbt_p99_s", "tbt_max_s", "planned_send_s", "actual_send_s",
     "server_prompt_tokens", "server_output_tokens", "http_status", "error", "session_id", "turn", "think_s",
-    "cached_prompt_tokens"), "RequestRecord.for_request builds records positionally: keep it in field order"
+    "cached_prompt_tokens", *PD_RECORD_FIELDS), \
+    "RequestRecord.for_request builds records positionally: keep it in field order"
 
 
 def tbt_stats(times: Any) -> tuple[float | None, float | None, float | None]:

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Protocol, Sequence, runtime_checkable
 
 from .admission import STATUS_EVICTED, STATUS_REJECTED, FlowController
-from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request
+from .core import ClusterState, ClusterView, Decision, Dispatched, Event, Request, prefill_leg
 from .errors import InputError, SetupError
 
 
@@ -44,6 +44,8 @@ class Router(Protocol):
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         ...
+        # a prefill/decode router returns a ``PairDecision`` (``lbbench.core``): decode on ``instance`` after a
+        # prefill on ``prefill`` (None: served whole on ``instance``)
 
 
 class EpochGuard(Protocol):
@@ -89,6 +91,8 @@ class Dispatcher:
         self.num_deferrals = 0
         #: the dispatches decided so far in the epoch in progress (the backend sends them when it ends)
         self.decided: list[tuple[Request, int]] = []
+        #: request id -> its decode instance, for requests sent to a prefill instance (``dispatch_pair``)
+        self.decode_of: dict[int, int] = {}
 
     def set_router(self, router: Router) -> None:
         """Decide with ``router`` from now on: its hooks (``needs_detail``, ``on_event``) replace the old one's;
@@ -191,11 +195,16 @@ class Dispatcher:
             if decision is None:
                 self.num_deferrals += 1
                 break
-            qi, inst = decision
-            if not (0 <= qi < len(queue)) or not (0 <= inst < n_inst):
+            qi, inst = decision[0], decision[1]
+            prefill = decision[2] if len(decision) > 2 else None  # a PairDecision: prefilled elsewhere first
+            if (not (0 <= qi < len(queue)) or not (0 <= inst < n_inst)
+                    or not (prefill is None or 0 <= prefill < n_inst)):
                 raise RouterError(f"router {self.router.name!r} returned invalid decision {decision!r} "
                                   f"(queue length {len(queue)}, {n_inst} instances)")
-            out.append((self.dispatch(qi, inst, now_s), inst))
+            if prefill is None:
+                out.append((self.dispatch(qi, inst, now_s), inst))
+            else:
+                out.append((self.dispatch_pair(qi, inst, prefill, now_s), prefill))
         if guard is not None:
             guard.decided(now_s)
         return out
@@ -205,4 +214,13 @@ class Dispatcher:
         (what ``decide`` does per decision; step-wise drivers call it directly)."""
         req = self._queue.pop(queue_index)
         self.observe(Dispatched(req, instance, now_s))
+        return req
+
+    def dispatch_pair(self, queue_index: int, decode: int, prefill: int, now_s: float) -> Request:
+        """Take ``queue[queue_index]`` off the queue to be prefilled on ``prefill`` (the state sees its prefill
+        leg there, ``prefill_leg``) and decoded on ``decode`` (kept in ``decode_of`` for the backend, which
+        sends the request to ``prefill``)."""
+        req = self._queue.pop(queue_index)
+        self.decode_of[req.request_id] = decode
+        self.observe(Dispatched(prefill_leg(req), prefill, now_s))
         return req

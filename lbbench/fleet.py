@@ -3,14 +3,19 @@
 A fleet is an ordered list of ``(profile, count)`` entries; instance ``i`` runs the profile of the entry it
 falls in (``Fleet.profiles()``), so ``a100:2,l4:2`` is instances 0-1 on the A100 profile and 2-3 on the L4
 one. A uniform fleet is the one-entry case. On the command line a fleet is written
-``NAME_OR_PATH:COUNT[,NAME_OR_PATH:COUNT...]`` (``parse_fleet``; ``Fleet.spec()`` writes it back), where
-each profile is a shipped profile's name or a path to a profile TOML file. One fleet serves one model:
-profiles naming different models are refused.
+``NAME_OR_PATH:COUNT[:ROLE][,...]`` (``parse_fleet``; ``Fleet.spec()`` writes it back), where each profile
+is a shipped profile's name or a path to a profile TOML file. One fleet serves one model: profiles naming
+different models are refused.
+
+Roles, for prefill/decode disaggregation: ``mixed`` (the default: prefills and decodes, as every instance did
+before roles), ``prefill`` (runs prompts; their KV moves to a decode instance) and ``decode`` (takes the KV and
+decodes; it can also serve a request whole). A fleet with a ``prefill`` instance needs one that decodes
+(``decode`` or ``mixed``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,9 +28,14 @@ class FleetError(InputError):
     """A fleet spec that cannot be used; the message is one line naming the entry at fault."""
 
 
+#: an instance's part in prefill/decode disaggregation (``mixed``: both, the default)
+ROLES = ("mixed", "prefill", "decode")
+
+
 class FleetEntry(NamedTuple):
     profile: Profile
     count: int
+    role: str = "mixed"
 
 
 @dataclass(frozen=True)
@@ -38,12 +48,19 @@ class Fleet:
         for e in self.entries:
             if isinstance(e.count, bool) or not isinstance(e.count, int) or e.count <= 0:
                 raise FleetError(f"fleet: entry {_entry(e)!r}: count must be a positive integer, not {e.count!r}")
+            if e.role not in ROLES:
+                raise FleetError(f"fleet: entry {_entry(e)!r}: unknown role {e.role!r} (choose from "
+                                 f"{', '.join(ROLES)})")
         first = self.entries[0]
         for e in self.entries[1:]:
             if e.profile.model and first.profile.model and e.profile.model != first.profile.model:
                 raise FleetError(f"fleet: entry {_entry(e)!r}: model {e.profile.model!r} differs from "
                                  f"{first.profile.model!r} of entry {_entry(first)!r} "
                                  "(one fleet serves one model)")
+        roles = {e.role for e in self.entries}
+        if "prefill" in roles and roles == {"prefill"}:
+            raise FleetError(f"fleet: {self.spec()!r} has prefill instances but none that decodes "
+                             "(add NAME:COUNT:decode or NAME:COUNT:mixed)")
 
     @classmethod
     def uniform(cls, profile: Profile, n: int) -> "Fleet":
@@ -63,11 +80,21 @@ class Fleet:
         """One profile per instance, in instance order."""
         return [e.profile for e in self.entries for _ in range(e.count)]
 
+    def roles(self) -> list[str]:
+        """One role per instance, in instance order."""
+        return [e.role for e in self.entries for _ in range(e.count)]
+
+    @property
+    def is_disaggregated(self) -> bool:
+        """Whether some instance has a role other than ``mixed`` (prefill/decode disaggregation)."""
+        return any(e.role != "mixed" for e in self.entries)
+
     def instance_specs(self) -> list[InstanceSpec]:
         """One ``InstanceSpec`` per instance, in instance order (what the routers see)."""
         out: list[InstanceSpec] = []
         for e in self.entries:
-            out += [e.profile.instance_spec()] * e.count
+            spec = e.profile.instance_spec()
+            out += [spec if e.role == "mixed" else replace(spec, role=e.role)] * e.count
         return out
 
     def spec(self) -> str:
@@ -83,7 +110,8 @@ class Fleet:
         if len(set(names)) > 1:
             prefix = _common_dash_prefix(names)
             names = [n[len(prefix):] for n in names]
-        return "+".join(f"{n}x{e.count}" for n, e in zip(names, self.entries))
+        return "+".join(f"{n}x{e.count}" + ("" if e.role == "mixed" else f"-{e.role}")
+                        for n, e in zip(names, self.entries))
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The fleet for ``run.toml``: its spec (``from_toml_dict`` reads it back) and one table per entry."""
@@ -93,6 +121,8 @@ class Fleet:
                                    "hardware": e.profile.hardware}
             if e.profile.path is not None:
                 row["path"] = e.profile.path
+            if e.role != "mixed":
+                row["role"] = e.role
             entries.append(row)
         return {"spec": self.spec(), "label": self.label, "num_instances": self.num_instances,
                 "entries": entries}
@@ -103,7 +133,8 @@ class Fleet:
 
 
 def parse_fleet(text: str) -> Fleet:
-    """``"llama3.1-8b-a100:2,llama3.1-8b-l4:2"`` → a ``Fleet``; raises ``FleetError``."""
+    """``"llama3.1-8b-a100:2,llama3.1-8b-l4:2"`` or ``"llama3.1-8b-h100:2:prefill,llama3.1-8b-a100:4:decode"``
+    → a ``Fleet``; raises ``FleetError``."""
     if not text.strip():
         raise FleetError("fleet: empty spec (give NAME_OR_PATH:COUNT[,NAME_OR_PATH:COUNT...])")
     entries = []
@@ -113,6 +144,12 @@ def parse_fleet(text: str) -> Fleet:
             raise FleetError(f"fleet: entry {k + 1} of {text.strip()!r} is empty")
         ref, sep, count_text = entry.rpartition(":")
         ref, count_text = ref.strip(), count_text.strip()
+        role = "mixed"
+        head, sep2, maybe_count = ref.rpartition(":")
+        if sep2 and head.strip() and maybe_count.strip().isdigit() and not count_text.isdigit():
+            ref, role, count_text = head.strip(), count_text, maybe_count.strip()  # NAME:COUNT:ROLE
+            if role not in ROLES:
+                raise FleetError(f"fleet: entry {entry!r}: unknown role {role!r} (choose from {', '.join(ROLES)})")
         if not sep or not ref or not count_text:
             raise FleetError(f"fleet: entry {entry!r}: not NAME_OR_PATH:COUNT")
         try:
@@ -130,12 +167,12 @@ def parse_fleet(text: str) -> Fleet:
                                  "path to a .toml file)") from None
             detail = " ".join(str(exc).split())
             raise FleetError(f"fleet: entry {entry!r}: {detail}") from None
-        entries.append(FleetEntry(profile, count))
+        entries.append(FleetEntry(profile, count, role))
     return Fleet(tuple(entries))
 
 
 def _entry(e: FleetEntry) -> str:
-    return f"{_ref(e.profile)}:{e.count}"
+    return f"{_ref(e.profile)}:{e.count}" + ("" if e.role == "mixed" else f":{e.role}")
 
 
 def _ref(profile: Profile) -> str:

@@ -154,7 +154,7 @@ CASES = {
             "--saturation-threshold", "3", "--saturation-window", "10", "--ray",
             "--admission", "max_queue=8,fairness=fcfs", "--tenants", "gold:1@1,std@3", "--signal-lag-s", "0.5"],
     "classes": ["--workload", "paper-classes", "--order", "lh_then_hl,all_random", "--chunked-prefill", "on",
-                "--router", "wgrl", "--checkpoint", "ckpt/"],
+                "--router", "wgrl", "--checkpoint", "ckpt/", "--kv-link", "pcie4"],
     "trace": ["--trace", "t.csv", "--trace-format", "mapped", "--mapping", "arrival=a,prompt=p,output=o",
               "--skip-bad-rows", "--time-scale", "2", "--window", "10:", "--max-prompt-tokens", "1000",
               "--prompt-overflow", "truncate"],

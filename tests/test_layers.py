@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS: dict[str, int] = {
     "core": 0, "errors": 0, "profiles": 0, "fleet": 0, "priority": 0, "dispatch": 0, "distributed": 0,
     "workloads": 0, "metrics": 0, "rundir": 0, "roofline": 0, "step_model": 0, "prefix_blocks": 0, "admission": 0,
+    "kv_links": 0,
     "sim": 1, "predict": 1,
     "routers": 2, "engines": 2,
     "live": 3, "reports": 3,

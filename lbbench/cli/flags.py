@@ -21,7 +21,7 @@ from ..metrics.summary import Slo
 
 FLAGS: dict[str, str] = {
     # RunConfig
-    "profile": "--profile", "instances": "--instances", "fleet": "--fleet",
+    "profile": "--profile", "instances": "--instances", "fleet": "--fleet", "kv_link": "--kv-link",
     "instance_schedulers": "--instance-scheduler",
     "chunked_prefill": "--chunked-prefill", "prefix_caching": "--prefix-caching", "workload": "--workload",
     "trace": "--trace", "rate_per_s": "--rate", "rates": "--rate", "requests": "--requests", "orders": "--order",

@@ -22,16 +22,18 @@ from rich.table import Table
 from ..distributed import UnitError, get_executor
 from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
+from ..kv_links import DEFAULT_LINK
 from ..live.saturation import DEFAULT_WINDOW_S
 from ..metrics.admitted import SHED_PREFIX, admitted_load_line
 from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
 from ..profiles import load_profile
 from ..reports.render import cell, to_rich
+from ..reports.disagg import disagg_table, roles_table
 from ..reports.tables import instances_table
 from ..routers.registry import needs_simulator
-from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, has_decisions, read_requests,
-                      scan_requests)
+from ..rundir import (DECISIONS_FILE, REQUESTS_FILE, RUN_TOML, SUMMARY_FILE, TIMELINE_FILE, has_decisions,
+                      read_requests, scan_requests)
 from .common import err_console
 from .find_rate import find_rate_cli
 from .scenario import name_the_source, scenario_options
@@ -117,6 +119,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         prompt_tokens=kw["prompt_tokens"], output_tokens=kw["output_tokens"],
         timeline_interval_s=kw["timeline_interval"] or None, slo=slo_limits(kw["slo"]),
         prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
+        kv_link=kw.get("kv_link") or DEFAULT_LINK,
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
         endpoints=endpoints, launch_model=kw["launch_model"],
         launch_args=_launch_args(kw.get("launch_args", ())),
@@ -146,7 +149,13 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "e.g. llama3.1-8b-a100:2,llama3.1-8b-l4:2 (instances 0-1 on the first). Replaces --profile and "
                    "--instances (giving either with it is an error); --profile P --instances N is the fleet P:N. "
                    "Routers that take one profile are given the first entry's; capacity-aware ones read each "
-                   "instance's spec.")
+                   "instance's spec. A third field gives a role for prefill/decode disaggregation, "
+                   "e.g. llama3.1-8b-h100:2:prefill,llama3.1-8b-a100:4:decode (mixed, the default, does both; "
+                   "routers: pd_llmd, pd_llmd_always, pd_dynamo, pd_vllm, pd_joint).")
+@click.option("--kv-link", default=None, metavar="NAME|BYTES_S[@LATENCY_S]",
+              help="Prefill/decode fleets: the link a request's KV crosses, nvlink4 | nvlink3 | rdma-400g | "
+                   "rdma-200g | pcie5 | pcie4, or bytes/s with an optional latency (40e9@50e-6); transfers sharing "
+                   f"an instance's link are serialized  [default: {DEFAULT_LINK}].")
 @click.option("--workload", default="paper-mix", show_default=True,
               help="paper-mix | paper-classes | poisson | sessions[:K=V,...] | shared-prefix[:K=V,...] | "
                    "dataset:FILE.jsonl (ignored with --trace).")
@@ -485,8 +494,9 @@ def summary_table(summary: Any, cfg: RunConfig, complete: bool = True, wide: boo
     keys = [k for k in cfg.group_keys() if k != "router"]
     cols = summary_columns(summary, cfg, wide)
     fleet = cfg.fleet_of()
-    where = (f"live x{cfg.instances}" if cfg.backend == "live" and fleet.is_uniform
-             else f"{cfg.profile} x{cfg.instances}" if fleet.is_uniform else f"fleet {fleet.label}")
+    uniform = fleet.is_uniform and not fleet.is_disaggregated
+    where = (f"live x{cfg.instances}" if cfg.backend == "live" and uniform
+             else f"{cfg.profile} x{cfg.instances}" if uniform else f"fleet {fleet.label}")
     rate = ",".join(f"{r:g}" for r in cfg.rates) if cfg.rates else (cfg.rate_per_s or "trace")
     title = (f"{where}, {cfg.trace or cfg.workload}, "
              f"{rate} req/s, {cfg.requests or 'all'} requests, {cfg.seeds} seed(s)")
@@ -536,6 +546,12 @@ def _print_summary(summary: Any, cfg: RunConfig, fmt: str, out_dir: Path, comple
     requests = scan_requests(out_dir)
     if not fleet.is_uniform and requests is not None:  # how each kind of instance fared
         to_rich([instances_table(requests, cfg.group_keys())], console)
+    if fleet.is_disaggregated and requests is not None:  # prefill/decode: TTFT split, transfers, roles' load
+        tl = Path(out_dir) / TIMELINE_FILE
+        timeline = pl.scan_parquet(tl) if tl.is_file() else None
+        pd = [disagg_table(requests, cfg.group_keys())]
+        pd += [roles_table(timeline, cfg.group_keys(), fleet.roles())] if timeline is not None else []
+        to_rich([t for t in pd if t is not None], console)
     more = f", {DECISIONS_FILE}" if has_decisions(out_dir) else ""
     hint = "" if wide else f"; more columns: --wide, or lbbench report {out_dir}"
     console.print(f"[dim]wrote {out_dir}/{REQUESTS_FILE}, {SUMMARY_FILE}{more}, {RUN_TOML}{hint}[/dim]",

@@ -36,7 +36,9 @@ from ..harness.text_prompts import (TextPromptError, accepts_token_ids, endpoint
 from ..profiles import Profile
 from ..rundir import RunDir
 from ..priority import request_priority
+from ..kv_links import kv_bytes_per_token, parse_kv_link
 from ..sim.cluster import ClusterSim
+from ..sim.disagg import DisaggSim
 from .config import RunConfig, Variant, split_endpoint
 from .units import Reporter, UnitOutput, UnitResult, Work, plan_all, run_unit
 
@@ -63,6 +65,7 @@ def backend_for(cfg: RunConfig, profile: Profile, run_dir: RunDir | None, report
 @dataclass
 class SimFleet:
     profiles: list[Profile]  # one per instance
+    roles: list[str] | None = None  # prefill/decode roles, one per instance (None: none, ``ClusterSim``)
 
     @property
     def num_instances(self) -> int:
@@ -73,12 +76,16 @@ class SimFleet:
 
     def run(self, work: Work, requests: list[Request], router: Any, reporter: Reporter) -> UnitResult:
         cfg, unit = work.cfg, work.unit
-        sim = ClusterSim(None, self.num_instances, requests, profiles=self.profiles,
-                         instance_scheduler=unit.variant.instance_scheduler,
-                         chunked_prefill=unit.variant.chunked_prefill, seed=unit.seed, run_id=work.run_id,
-                         timeline_interval_s=cfg.timeline_interval_s, prefix_caching=cfg.prefix_caching,
-                         admission=parse_admission(cfg.admission) if cfg.admission else None,
-                         signal_lag_s=cfg.signal_lag_s)
+        kw: dict[str, Any] = {}
+        if self.roles is not None:  # a prefill/decode fleet (lbbench.sim.disagg)
+            kw = {"roles": self.roles, "kv_link": parse_kv_link(cfg.kv_link),
+                  "kv_bytes_per_token": [kv_bytes_per_token(p) for p in self.profiles]}
+        sim = (DisaggSim if kw else ClusterSim)(
+            None, self.num_instances, requests, profiles=self.profiles,
+            instance_scheduler=unit.variant.instance_scheduler, chunked_prefill=unit.variant.chunked_prefill,
+            seed=unit.seed, run_id=work.run_id, timeline_interval_s=cfg.timeline_interval_s,
+            prefix_caching=cfg.prefix_caching, admission=parse_admission(cfg.admission) if cfg.admission else None,
+            signal_lag_s=cfg.signal_lag_s, **kw)
         records = sim.run(router, label=unit.router,
                           progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         rows = [(s.time_s, s.instance, s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions,
@@ -105,7 +112,8 @@ class SimBackend:
 
     def run(self, work: Work) -> UnitOutput:
         """Run one simulated unit (``backend.run`` is what an executor sends to its workers)."""
-        return run_unit(work, SimFleet(work.instance_profiles()), self.reporter)
+        roles = work.fleet.roles() if work.fleet is not None and work.fleet.is_disaggregated else None
+        return run_unit(work, SimFleet(work.instance_profiles(), roles), self.reporter)
 
     def executor(self, given: Executor | None) -> Executor:
         return given if given is not None else get_executor(self.jobs)

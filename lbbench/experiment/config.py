@@ -23,8 +23,10 @@ from ..live.saturation import DEFAULT_WINDOW_S
 from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
 from ..routers import get_router
-from ..routers.registry import (KV_EVENTS_REFUSAL, ORACLE_REFUSAL, UnknownRouterError, needs_kv_events,
-                                needs_simulator)
+from ..kv_links import DEFAULT_LINK, KVLinkError, kv_bytes_per_token, parse_kv_link
+from ..routers import available_routers
+from ..routers.registry import (KV_EVENTS_REFUSAL, ORACLE_REFUSAL, UnknownRouterError, is_pair_router,
+                                needs_kv_events, needs_simulator)
 from ..sim.instance import INSTANCE_SCHEDULERS
 from ..workloads import PAPER_CLASS_ORDERS
 
@@ -75,6 +77,9 @@ class RunConfig:
     """Chunked prefill per variant (None: as the profile says; live attach: as the servers run)."""
     prefix_caching: bool | None = None
     """Automatic prefix caching in the simulated instances (None: as the profile says)."""
+    kv_link: str = DEFAULT_LINK
+    """Prefill/decode fleets (roles in ``fleet``): the link a request's KV crosses from its prefill to its decode
+    instance, ``NAME`` (``lbbench.kv_links.LINKS``), ``NAME@LATENCY_S`` or ``BYTES_S[@LATENCY_S]``."""
     # -- the workload -----------------------------------------------------------------------------------
     workload: str = "paper-mix"
     trace: str | None = None
@@ -233,6 +238,9 @@ class RunConfig:
             top = cfg.rate_per_s or max(cfg.rates, default=None)  # a live sweep: its highest step's
             cfg.load_workers = (auto_load_workers(top, os.cpu_count() or 1)
                                 if cfg.live and not cfg.stream_workers else 0)
+        for name in cfg.routers:  # a pair router that predicts transfers reads the run's link
+            if name == "pd_joint":
+                cfg.router_options.setdefault(name, {}).setdefault("kv_link", cfg.kv_link)
         label = workload_label(cfg)
         for name in cfg.routers:  # a learned router picks the shipped checkpoint trained on this workload, if any
             if name in LEARNED_ROUTERS and "checkpoint" not in cfg.router_options.get(name, {}):
@@ -276,6 +284,7 @@ class RunConfig:
         self._check_live()
         self._check_decisions()
         self._check_admission()
+        self._check_roles(fleet)
         load_predictor(self.predictor, profile=profile, seed=self.seed)
         for r in self.routers:
             try:
@@ -304,6 +313,37 @@ class RunConfig:
         if self.admission is not None and self.live:
             raise ConfigError("flow control runs in the simulator and in lbbench proxy; a live replay sends "
                               "every request (put lbbench proxy --admission in front of the endpoints)", "admission")
+
+    def _check_roles(self, fleet: Fleet) -> None:
+        """A fleet with roles runs pair routers on the simulator, and pair routers need one."""
+        try:
+            parse_kv_link(self.kv_link)
+        except KVLinkError as exc:
+            raise ConfigError(str(exc).removeprefix("kv_link: "), "kv_link") from None
+        pair = [r for r in self.routers if is_pair_router(r)]
+        if not fleet.is_disaggregated:
+            if pair:
+                raise ConfigError(f"{pair[0]} routes prefill/decode pairs: give a fleet with roles "
+                                  "(--fleet NAME:COUNT:prefill,NAME:COUNT:decode)", "routers")
+            return
+        if self.live:
+            raise ConfigError("a fleet with prefill/decode roles runs on the simulator only", "fleet")
+        other = [r for r in self.routers if r not in pair]
+        if other:
+            raise ConfigError(f"{other[0]} routes whole requests; a fleet with prefill/decode roles needs a pair "
+                              f"router ({', '.join(n for n in available_routers() if is_pair_router(n))})",
+                              "routers")
+        if self.counterfactual is not None:
+            raise ConfigError("its alternatives are single instances, not prefill/decode pairs; not on a fleet with "
+                              "roles", "counterfactual")
+        if self.admission is not None:
+            raise ConfigError("flow control is not combined with prefill/decode roles yet (it holds whole requests, "
+                              "the pair routers place two legs)", "admission")
+        for e in fleet.entries:
+            try:
+                kv_bytes_per_token(e.profile)
+            except KVLinkError as exc:
+                raise ConfigError(str(exc).removeprefix("kv_link: "), "fleet") from None
 
     def _check_decisions(self) -> None:
         if self.counterfactual is not None:

@@ -21,6 +21,7 @@ from ..rundir import Runs, load_runs, read_decisions, settings_of
 from . import render as R
 from .decisions import decision_tables
 from .html import to_html
+from .disagg import disagg_table
 from .tables import Slo, Table, build_tables
 
 FORMATS = ("table", "markdown", "json", "html")
@@ -105,6 +106,9 @@ def build_report(paths: Sequence[str | Path], baseline: str = "round_robin", slo
     if runs.requests.select(shed_expr().any()).collect().item():  # flow control shed requests: say the admitted load
         warnings.append(admitted_load_line(summarize(runs.requests, by=keys, slo=slo)) or "")
     tables = build_tables(runs.requests, keys, baseline, slo, num_resamples)
+    pd = disagg_table(runs.requests, keys)  # prefill/decode fleets: the TTFT split and transfers
+    if pd is not None:
+        tables.append(pd)
     tables += decision_tables(read_decisions([(i.label, i.path) for i in runs.infos]))
     return Report(runs, keys, tables, baseline, warnings, slo)
 

@@ -31,7 +31,7 @@ _REGISTRY: dict[str, RouterInfo] = {}
 _LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
                  "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead",
                  "lbbench.routers.capacity", "lbbench.routers.kv_overlap", "lbbench.routers.token_affinity",
-                 "lbbench.routers.predicted_latency", "lbbench.routers.precise_prefix")
+                 "lbbench.routers.predicted_latency", "lbbench.routers.precise_prefix", "lbbench.routers.pd")
 
 
 def register(name: str, description: str) -> Callable[[Any], Any]:
@@ -80,6 +80,13 @@ KV_EVENTS_REFUSAL = ("{name} reads the instances' KV events, which only the simu
 def needs_kv_events(name: str) -> bool:
     """Whether router ``name`` must be fed the instances' KV events (``bind_kv_events``)."""
     return _declares(name, "needs_kv_events")
+
+
+def is_pair_router(name: str) -> bool:
+    """Whether router ``name`` routes prefill/decode pairs (``PairDecision``s; it needs a fleet with roles)."""
+    _load_all()
+    info = _REGISTRY.get(name)
+    return bool(info is not None and getattr(info.factory, "pair_router", False))
 
 
 def get_router(name: str, *, num_instances: int, seed: int = 0, profile: Profile | None = None,

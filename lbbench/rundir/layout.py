@@ -39,6 +39,8 @@ RECORD_SCHEMA: dict[str, Any] = {
     "actual_send_s": pl.Float64, "server_prompt_tokens": pl.Int64, "server_output_tokens": pl.Int64,
     "http_status": pl.Int64, "error": pl.Utf8, "session_id": pl.Int64, "turn": pl.Int64,
     "think_s": pl.Float64, "cached_prompt_tokens": pl.Int64,
+    "prefill_instance": pl.Int64, "prefill_done_s": pl.Float64, "kv_ready_s": pl.Float64,
+    "decode_admit_s": pl.Float64, "transfer_bytes": pl.Float64,
 }
 TIMELINE_SCHEMA: dict[str, Any] = {
     "time_s": pl.Float64, "instance": pl.Int64, "num_running": pl.Int64, "num_waiting": pl.Int64,

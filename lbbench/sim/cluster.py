@@ -80,10 +80,12 @@ class SimEvent(IntEnum):
     """The dispatcher's Δt re-offer of the queue while requests wait after the router deferred."""
     SAMPLE = 3
     """A timeline sample."""
+    TRANSFER = 4
+    """A KV transfer between a prefill and a decode instance starts or lands (``lbbench.sim.disagg``)."""
 
 
 # the event loop compares plain ints (the same values as ``SimEvent``)
-_WAKE, _ARRIVAL, _TIMER, _SAMPLE = (int(k) for k in SimEvent)
+_WAKE, _ARRIVAL, _TIMER, _SAMPLE, _TRANSFER = (int(k) for k in SimEvent)
 _INF = float("inf")
 
 
@@ -127,7 +129,7 @@ class ClusterSim:
                  decode_buckets: tuple[int, ...] | None = None,
                  prefix_caching: bool | None = None,
                  profiles: Sequence[Profile] | None = None, admission: AdmissionSpec | None = None,
-                 signal_lag_s: float = 0.0):
+                 signal_lag_s: float = 0.0, roles: Sequence[str] | None = None):
         if num_instances < 1:
             raise ValueError("instances must be >= 1")
         if profiles is None:
@@ -159,7 +161,10 @@ class ClusterSim:
         for p in profiles:
             if id(p) not in specs:
                 specs[id(p)] = p.instance_spec()
-        self.state = ClusterState([specs[id(p)] for p in profiles], **kw)
+        inst_specs = [specs[id(p)] for p in profiles]
+        if roles is not None:  # prefill/decode roles: what the routers see (``lbbench.sim.disagg`` runs them)
+            inst_specs = [s if role == "mixed" else replace(s, role=role) for s, role in zip(inst_specs, roles)]
+        self.state = ClusterState(inst_specs, **kw)
         self.num_requests = len(requests)
         # closed-loop sessions: later turns wait for the turn before them (``_next_turn``)
         self.requests, self._next_turn = chain_sessions(requests)
@@ -433,14 +438,20 @@ class ClusterSim:
                 elif kind == _TIMER:
                     self._timer_pending = False
                     self._epoch()
-                else:
+                elif kind == _SAMPLE:
                     self._sample(t)
+                else:
+                    self._transfer_event(t, data)
             elif na < n_reqs:
                 if reqs[na].arrival_s > until_s:
                     break
                 self._arrive_next()
             else:
                 break
+
+    def _transfer_event(self, t: float, data: object) -> None:
+        """A ``SimEvent.TRANSFER`` (only a prefill/decode simulator, ``lbbench.sim.disagg``, schedules them)."""
+        raise RuntimeError(f"a KV transfer event at {t} in a simulator without roles")
 
     def _arrive_next(self) -> None:
         """The next request of the workload list reaches the router."""

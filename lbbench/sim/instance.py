@@ -168,9 +168,11 @@ class SimInstance(SimScheduler):
         """Take over a request exported from another instance at ``now_s`` (``advance(now_s)`` first): its
         blocks are allocated as computed and it decodes from its next step on, with no prefill (its next token
         is one step's token). Returns the events of that re-plan, or None (nothing changed) when its blocks
-        do not fit. It waits, holding its blocks, at the head of the waiting queue (behind other holders)."""
+        do not fit. It waits, holding its blocks, at the head of the waiting queue (behind other holders).
+        A transfer with no token made (``generated_tokens`` 0, the KV of all but the prompt's last token: what
+        a prefill instance hands over in vLLM's NIXL connector) makes the first token here, in that step."""
         r = SimRequest(transfer.request)
-        if (transfer.generated_tokens < 1 or transfer.generated_tokens >= r.output_tokens
+        if (transfer.generated_tokens < 0 or transfer.generated_tokens >= r.output_tokens
                 or r.prompt_tokens + r.output_tokens > self.max_model_len):
             raise ValueError(f"request {r.rid}: cannot be imported (made {transfer.generated_tokens} of "
                              f"{r.output_tokens} tokens, max_model_len {self.max_model_len})")
@@ -179,8 +181,9 @@ class SimInstance(SimScheduler):
             return None
         r.num_computed = transfer.num_computed_tokens
         r.generated = transfer.generated_tokens
-        r.first_token_s = transfer.token_times_s[0]
-        r.extra_times = list(transfer.token_times_s)
+        if transfer.token_times_s:
+            r.first_token_s = transfer.token_times_s[0]
+            r.extra_times = list(transfer.token_times_s)
         self.reqs[r.rid] = r
         self._wait_behind_holders(r)
         events: list[Event] = []
