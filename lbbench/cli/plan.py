@@ -107,7 +107,8 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
 def plan_cmd(**kw: Any) -> None:
     """How many instances of which GPU does this traffic need to meet its SLO?
 
-    For every GPU x TP the profile is derived (physics, not measured), and the smallest instance count whose
+    For every GPU x TP the profile is derived (physics, not measured: `lbbench profile derive`'s vLLM V1 with chunked
+    prefill and the shipped calibration), and the smallest instance count whose
     SLO attainment meets the target is searched on the simulator (exponential probe, bisection, paired seeds).
 
     \b

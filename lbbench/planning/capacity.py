@@ -203,20 +203,17 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
 
 
 def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
-    """The profile ``lbbench profile derive`` would write, held in memory. ``DeriveError`` when it cannot run."""
-    # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
-    from ..profiling.derive import DeriveError, derive_profile
+    """The profile ``lbbench profile derive`` would write (vLLM V1, chunked prefill, the shipped calibration),
+    held in memory. ``DeriveError`` when it cannot run."""
+    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline and the calibration file)
 
-    if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-        raise DeriveError(f"{model.name}: {model.num_heads} attention heads ({model.num_kv_heads} KV heads) do "
-                          f"not split over TP {tp}")
     doc = derive_profile(model, gpu, dtype=dtype, tp=tp)
     return profile_from_dict(doc, f"derived:{doc['name']}")
 
 
 def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[SearchTask], list[str]]:
     """Every row's search task, checked before any simulation runs, and the notes of skipped GPU x TP."""
-    from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
+    from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline and the calibration file)
 
     cfg.check()
     try:

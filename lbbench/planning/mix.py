@@ -118,7 +118,7 @@ class MixPlan:
 
 def write_profiles(cfg: PlanConfig, keys: list[tuple[str, int]], where: Path) -> dict[tuple[str, int], str]:
     """Each (GPU, TP)'s derived profile as a TOML file under ``where`` (a fleet spec names profiles by path)."""
-    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
+    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline and the calibration file)
 
     model = load_model_config(cfg.model)
     where.mkdir(parents=True, exist_ok=True)
