@@ -33,6 +33,8 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
     """The profile as a TOML-ready dict, every number with its ``[source]`` line; ``calibration`` None: the
     shipped one (``load_calibration(None)``)."""
     cal = calibration if calibration is not None else load_calibration(None)
+    if dtype != "fp8":  # FP8 weights run weight-only on a GPU without FP8 tensor cores
+        gpu.peak(dtype)  # an UnknownGPUError when the GPU has no such tensor cores (bf16 on a V100)
     if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
         raise DeriveError(f"{model.name}: {model.num_heads} attention heads ({model.num_kv_heads} KV heads) do "
                           f"not split over TP {tp}")
