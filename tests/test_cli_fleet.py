@@ -33,7 +33,7 @@ def test_run_on_a_mixed_fleet_records_each_instances_profile_and_lists_the_fleet
     by_instance = dict(df.select("instance", "instance_profile").unique().iter_rows())
     assert by_instance == {0: "llama3.1-8b-a100-v0", 1: "llama3.1-8b-a100-v0", 2: "llama3.1-8b-l4-v0",
                            3: "llama3.1-8b-l4-v0"}
-    assert df["profile"].unique().to_list() == ["a100x2+l4x2"] and df["num_instances"].unique().to_list() == [4]
+    assert df["profile"].unique().to_list() == ["a100-v0x2+l4-v0x2"] and df["num_instances"].unique().to_list() == [4]
     doc = tomllib.loads((out / "run.toml").read_text())
     assert doc["fleet"]["spec"] == MIXED and doc["fleet"]["num_instances"] == 4
     assert [(e["profile"], e["count"]) for e in doc["fleet"]["entries"]] == [("llama3.1-8b-a100-v0", 2),
@@ -124,7 +124,7 @@ def test_headroom_runs_the_planner_on_a_mixed_fleet(tmp_path):
     res = invoke("headroom", "--fleet", "llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:1", "--rate", "20", "--requests", "40",
                  "--seeds", "1", "--tuning-seeds", "1", "--no-reorder", "--out", str(out))
     assert res.exit_code == 0, res.output
-    assert "fleet a100x1+l4x1" in res.output and "lookahead (oracle)" in res.output
+    assert "fleet a100-v0x1+l4-v0x1" in res.output and "lookahead (oracle)" in res.output
     planner = next(p for p in out.iterdir() if p.is_dir() and "planner" in p.name)
     assert tomllib.loads((planner / "run.toml").read_text())["fleet"]["spec"] == "llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:1"
 

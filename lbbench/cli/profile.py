@@ -94,9 +94,8 @@ def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, kv_dtype: str, gp
     step priced by a roofline (`[step] model = "roofline"`) whose efficiency factors are a calibration's (the
     shipped one, fitted to public vLLM measurements, unless --calibration or an override says otherwise). The
     engine is vLLM V1 with chunked prefill and its default limits unless told otherwise."""
-    # lazy: start-up time (the roofline and the calibration file)
-    from ..profiling.calibration import load_calibration
-    from ..profiling.derive import EngineLimits, derive_profile
+    from ..profiling.calibration import load_calibration  # lazy: start-up time (the calibration file)
+    from ..profiling.derive import EngineLimits, derive_profile  # lazy: start-up time (the roofline)
 
     model = load_model_config(model_name)
     g = get_gpu(gpu)

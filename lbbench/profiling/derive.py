@@ -45,5 +45,6 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
         f"; method: {method}" if method else "")
     doc = derive_roofline_profile(model, gpu, tp=tp, weights_dtype=dtype, kv_dtype=kv_dtype, engine=engine,
                                   eff=cal.eff, eff_source=eff_source, api_overhead_s=cal.api_overhead_s, name=name)
+    doc["source"]["method"] = "lbbench profile derive, through " + doc["source"]["method"]
     doc["source"]["api_overhead_s"] = f"front-end latency of {which}"
     return doc
