@@ -26,6 +26,7 @@ from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from ..workloads.trace_stats import inspect_trace
 from ..workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
 from ..workloads.traces import load_trace_requests, read_trace, write_canonical
+from .flags import user_message
 
 TRACE_READ_OPTIONS = ("trace_format", "mapping", "skip_bad_rows")
 TRACE_TRANSFORM_OPTIONS = ("time_scale", "window", "max_prompt_tokens", "prompt_overflow")
@@ -202,6 +203,6 @@ def synth_cmd(workload: str, out: str, rate: float, requests: int, seed: int, bu
                               prof, seed, None)
         tf = write_workload_trace(reqs, spec, out)
     except (InputError, WorkloadError) as exc:
-        raise TraceInputError(user_message(exc)) from None
+        raise InputError(user_message(exc)) from None
     blocks = f", prefix hashes of {tf.block_tokens} tokens" if tf.block_tokens else ""
     click.echo(f"wrote {len(tf)} requests of {spec} (seed {seed}) to {out}{blocks}")

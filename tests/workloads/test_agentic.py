@@ -109,7 +109,7 @@ def test_written_trace_round_trips(tmp_path):
     assert res.exit_code == 0, res.output
     assert "wrote 300 requests of agentic:fork=0.5,closed=0" in res.output
     back = trace_to_requests(read_trace(out))
-    prof = load_profile("llama3.1-8b-a100-v0")  # the command's default profile plans the calls
+    prof = load_profile("llama3.1-8b-a100")  # the command's default profile plans the calls
     want = agentic(300, 8.0, 4, parse_agentic_spec("agentic:fork=0.5,closed=0"), max_model_len=prof.max_model_len,
                    prefill_s_per_token=prof.prefill_token_s, step_s=prof.min_step_s)
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.task, r.prefix_hashes, r.prefix_block_tokens)
