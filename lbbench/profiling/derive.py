@@ -47,4 +47,6 @@ def derive_profile(model: ModelConfig, gpu: GPU, *, dtype: str = "bf16", tp: int
                                   eff=cal.eff, eff_source=eff_source, api_overhead_s=cal.api_overhead_s, name=name)
     doc["source"]["method"] = "lbbench profile derive, through " + doc["source"]["method"]
     doc["source"]["api_overhead_s"] = f"front-end latency of {which}"
+    doc["source"]["mixing"] = ("grad1 and grad2: [step]'s prefill and decode costs; min_step_s: the single-sequence "
+                               "decode step; alpha 0.5 as the paper; epsilon 50 ms (not given in the paper)")
     return doc

@@ -12,6 +12,11 @@ Elementwise traffic per token and layer, as vLLM's fused kernels move it in 16 b
 (each reads the hidden state and the residual and writes both: ``8 x hidden``), SiLU-and-multiply (reads the
 gate and up halves, writes one: ``3 x`` the MLP width on this GPU; for an MoE layer the ``k`` experts' and the
 shared expert's widths), rotary embedding (reads and writes Q and K: ``2 x (heads + KV heads) x head_dim``).
+
+:func:`derive_roofline_profile` makes a whole profile of it: the engine's limits (:class:`EngineLimits`; vLLM V1's
+defaults on the GPU where not given, the V0 engine on request), KV blocks as vLLM's memory profiler sizes them, and
+``[step]``'s linear summary of the roofline. ``lbbench profile derive`` (:mod:`lbbench.profiling.derive`) calls it
+with a calibration's factors; ``lbbench fidelity --measured`` with a measured row's engine settings.
 """
 
 from __future__ import annotations
