@@ -78,6 +78,8 @@ class PlanConfig:
     jobs: int = 1
     ray: str | None = None
     """A Ray cluster address (``auto``) to run the searches on; None: ``jobs`` local processes."""
+    calibration: str | None = None
+    """A calibration TOML whose efficiency factors the derived profiles take; None: the shipped one."""
 
     def check(self) -> None:
         if not 0 < self.attainment <= 1:
@@ -202,20 +204,22 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
 # ------------------------------------------------------------------------------------------------ the plan
 
 
-def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
-    """The profile ``lbbench profile derive`` would write (vLLM V1, chunked prefill, the shipped calibration),
-    held in memory. ``DeriveError`` when it cannot run."""
+def derived_profile(model: Any, gpu: Any, tp: int, dtype: str, calibration: Any = None) -> Profile:
+    """The profile ``lbbench profile derive`` would write (vLLM V1, chunked prefill, ``calibration``'s factors;
+    None: the shipped calibration), held in memory. ``DeriveError`` when it cannot run."""
     from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline and the calibration file)
 
-    doc = derive_profile(model, gpu, dtype=dtype, tp=tp)
+    doc = derive_profile(model, gpu, dtype=dtype, tp=tp, calibration=calibration)
     return profile_from_dict(doc, f"derived:{doc['name']}")
 
 
 def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[SearchTask], list[str]]:
     """Every row's search task, checked before any simulation runs, and the notes of skipped GPU x TP."""
+    from ..profiling.calibration import load_calibration  # lazy: start-up time (the calibration file)
     from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline and the calibration file)
 
     cfg.check()
+    calibration = load_calibration(cfg.calibration)
     try:
         gpus = [get_gpu(g) for g in cfg.gpus]
     except UnknownGPUError as exc:
@@ -232,7 +236,7 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
     for gpu in gpus:
         for tp in cfg.tps:
             try:
-                profile = derived_profile(model, gpu, tp, cfg.dtype)
+                profile = derived_profile(model, gpu, tp, cfg.dtype, calibration)
             except DeriveError as exc:
                 skipped.append(f"skipping {gpu.name} at TP {tp}: {str(exc).splitlines()[0]}")
                 continue

@@ -10,8 +10,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from lbbench.planning.capacity import derived_profile
+from lbbench.cli import main
+from lbbench.experiment import RunConfig
+from lbbench.metrics.summary import Slo
+from lbbench.planning import PlanConfig
+from lbbench.planning.capacity import derived_profile, tasks_for
 from lbbench.profiles import available_profiles, load_profile
 from lbbench.profiling.calibration import load_calibration
 from lbbench.profiling.gpus import get_gpu
@@ -62,3 +67,23 @@ def test_v0_variants_keep_the_papers_engine(name):
     v0 = load_profile(f"{name}-v0")
     assert v0.name == f"{name}-v0" and (v0.scheduler, v0.chunked_prefill, v0.max_num_seqs) == ("v0", False, 128)
     assert isinstance(v0.step_model, LinearStepModel) and f"{name}-v0" in available_profiles()
+
+
+def test_plan_takes_another_calibration_and_names_a_bad_one(tmp_path):
+    """`plan --calibration FILE` derives with that file's factors, as `profile derive --calibration` does; a bad
+    file is one line and exit 2."""
+    cal = tmp_path / "slow.toml"
+    cal.write_text("[calibration]\nfitted_on = \"a test\"\n[efficiency]\nweight_bw_util = 0.35\n"
+                   "[front_end]\napi_overhead_s = 0.0\n")
+    run = RunConfig(workload="paper-mix", rate_per_s=20, requests=50, routers=["jsq"])
+    cfg = PlanConfig(run=run, model="llama-3.1-8b", gpus=["a100-80gb"], slo=Slo(ttft_s=2), calibration=str(cal))
+    (task,), _ = tasks_for(cfg, lambda _msg: None)
+    shipped = load_profile("llama3.1-8b-a100")
+    assert task.profile.efficiency["weight_bw_util"] == 0.35 and task.profile.api_overhead_s == 0.0
+    # half the weight-read bandwidth: a single-sequence step (weight reads, mostly) is markedly slower
+    assert task.profile.step_model.decode_s(1) > 1.5 * shipped.step_model.decode_s(1)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[efficiency]\nsharpness = 0.5\n")
+    res = CliRunner().invoke(main, ["plan", "--rate", "20", "--slo", "ttft=2", "--model", "llama-3.1-8b", "--gpu",
+                                    "a100-80gb", "--calibration", str(bad)])
+    assert res.exit_code == 2 and "bad.toml" in res.output and len(res.output.strip().splitlines()) == 1
