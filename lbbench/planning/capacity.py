@@ -303,6 +303,7 @@ def profile_record(p: Profile) -> dict[str, Any]:
             "decode_seq_s": p.decode_seq_s, "context_token_s": p.context_token_s,
             "kv_capacity_tokens": p.kv_capacity_tokens, "max_num_seqs": p.max_num_seqs,
             "max_num_batched_tokens": p.max_num_batched_tokens, "chunked_prefill": p.chunked_prefill,
+            "scheduler": p.scheduler, "step_model": "roofline" if p.roofline else "linear",
             "physics": dict(p.physics), "source": dict(p.source)}
 
 
@@ -314,9 +315,9 @@ def config_record(cfg: PlanConfig) -> dict[str, Any]:
             "max_instances": cfg.max_instances, "workload": run.workload, "trace": run.trace,
             "rate_per_s": run.rate_per_s, "requests": run.requests, "seeds": run.seeds, "seed": run.seed,
             "routers": list(run.routers), "instance_schedulers": list(run.instance_schedulers),
-            "predictor": run.predictor, "price_file": cfg.price_file,
-            "profiles": "derived in memory by lbbench profile derive's roofline (physics-derived, simulated; "
-                        "not measured on GPUs)"}
+            "predictor": run.predictor, "price_file": cfg.price_file, "calibration": cfg.calibration,
+            "profiles": "derived in memory by lbbench profile derive's roofline (vLLM V1 with chunked prefill; "
+                        "physics-derived with the calibration's efficiency factors, simulated; not measured on GPUs)"}
 
 
 def write_outcome(out_dir: Path, outcome: SearchOutcome) -> None:
