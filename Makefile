@@ -13,7 +13,7 @@ PIP    := $(BIN)/python -m pip
 TORCH_SPEC     ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: demo test test-fast test-live bench vllm-env gateways-env venv venv-dev clean
+.PHONY: demo test test-fast test-live bench profiles vllm-env gateways-env venv venv-dev clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ vllm-env:
 # production gateways (SGLang's model gateway, vllm-router) for the live tier and gateway benchmarks
 gateways-env:
 	PYTHON=$(PYTHON) bash scripts/make_gateways_env.sh
+
+# the shipped llama3.1-8b profiles (vLLM V1, roofline steps) from the shipped calibration; rerun after refitting it
+profiles: $(VENV)/.core
+	$(BIN)/python scripts/derive_shipped_profiles.py
 
 bench: $(VENV)/.dev
 	$(BIN)/python bench/bench_sim.py

@@ -1,6 +1,6 @@
 """Replay-client dispatch lag on the mission's top rate, through the one experiment runner.
 
-Starts ``lbbench serve-sim`` (two emulated A100 instances, ``llama3.1-8b-a100``) in its own process, then runs
+Starts ``lbbench serve-sim`` (two emulated A100 instances, ``llama3.1-8b-a100-v0``) in its own process, then runs
 ``lbbench.experiment.run_experiment`` against it ``--repeats`` times: the paper-mix workload at ``--rate``
 (default 80 req/s), streaming, ``--requests`` requests, round robin. Each repeat is the same code path as
 ``lbbench run --endpoint URL --endpoint URL --workload paper-mix --rate 80``.
@@ -63,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     urls = [f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"]
     server = subprocess.Popen([sys.executable, "-m", "lbbench.cli", "serve-sim", "--instances", "2",
-                               "--profile", "llama3.1-8b-a100", "--port", str(args.port)],
+                               "--profile", "llama3.1-8b-a100-v0", "--port", str(args.port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = []
     try:
@@ -72,7 +72,7 @@ def main() -> None:
         plan = [(rep, int(w), lw) for rep in range(args.repeats) for w in args.stream_workers.split(",")
                 for lw in args.load_workers.split(",") if not (int(w) and lw not in ("auto", "0"))]
         for rep, workers, lw in plan:
-            cfg = RunConfig(profile="llama3.1-8b-a100", endpoints=urls, workload="paper-mix",
+            cfg = RunConfig(profile="llama3.1-8b-a100-v0", endpoints=urls, workload="paper-mix",
                             rate_per_s=args.rate, requests=args.requests, routers=["round_robin"], seed=rep,
                             stream_workers=workers, load_workers=None if lw == "auto" else int(lw)).resolved()
             workers = f"{workers} stream / {cfg.load_workers} load ({lw})"

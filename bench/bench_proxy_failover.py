@@ -40,13 +40,13 @@ def _in_flight(gateway: str, backend: str) -> int:
 
 def one_run(args: argparse.Namespace, seed: int) -> dict:
     killed: dict = {}
-    with gateway("llama3.1-8b-a100", "least_requests", serve_args=("--allow-kill",)) as (backends, gw):
+    with gateway("llama3.1-8b-a100-v0", "least_requests", serve_args=("--allow-kill",)) as (backends, gw):
         def kill() -> None:
             killed["in_flight"] = _in_flight(gw, backends[2])
             urllib.request.urlopen(urllib.request.Request(backends[2] + "/lbbench/kill", method="POST"), timeout=5)
             killed["at"] = time.monotonic()
 
-        cfg = RunConfig(profile="llama3.1-8b-a100", endpoints=[gw], workload="poisson", rate_per_s=args.rate,
+        cfg = RunConfig(profile="llama3.1-8b-a100-v0", endpoints=[gw], workload="poisson", rate_per_s=args.rate,
                         requests=args.requests, prompt_tokens="256", output_tokens="128:0.5",
                         routers=["round_robin"], seed=seed, timeline_interval_s=None)
         timer = threading.Timer(args.kill_at, kill)

@@ -43,7 +43,7 @@ def warm(router, sim: ClusterSim, samples: int, seed: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    snapshot_args(ap, profile="llama3.1-8b-a100", at_s=30.0)
+    snapshot_args(ap, profile="llama3.1-8b-a100-v0", at_s=30.0)
     ap.add_argument("--samples", type=int, default=2000, help="predicted_latency's training window")
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)

@@ -15,7 +15,7 @@ gains against that reference (± std of the paired per-seed gain).
 Sections:
 
 - ``v100``: 4 x llama2-7b-v100, paper-mix, ``noisy:0.79``, rates 2 (light) to 20 req/s;
-- ``azure``: 4 x llama3.1-8b-a100 on the Azure conversation trace, at its own rate and
+- ``azure``: 4 x llama3.1-8b-a100-v0 on the Azure conversation trace, at its own rate and
   rescaled through saturation; seed k replays the trace's k-th window of ``--window-s``;
 - ``breakdown``: where the gain comes from (instance-level ordering, release order,
   gating, placement), V100 at saturation and overload;
@@ -187,7 +187,7 @@ A100_SLO = Slo(ttft_s=1.0, tbt_s=0.05)
 
 def sections(trace: str) -> dict[str, tuple[list[Cell], list[Arm]]]:
     v100 = Cell("4 x V100, paper-mix, load sweep", rates=(2.0, 5.0, 8.0, 10.0, 12.0, 15.0, 20.0), slo=V100_SLO)
-    azure = Cell("4 x A100, Azure conversation trace", profile="llama3.1-8b-a100", rates=(None, 20.0, 30.0, 40.0),
+    azure = Cell("4 x A100, Azure conversation trace", profile="llama3.1-8b-a100-v0", rates=(None, 20.0, 30.0, 40.0),
                  trace=trace, window_s=300.0, slo=A100_SLO)
     lb = NAME
     breakdown_arms = [

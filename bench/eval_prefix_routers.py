@@ -1,6 +1,6 @@
 """Cache-aware routers on prefix-sharing traffic, with prefix caching on in the simulator.
 
-Two workloads on 4 x llama3.1-8b-a100 (vLLM V0 semantics, as the profile says):
+Two workloads on 4 x llama3.1-8b-a100-v0 (vLLM V0 semantics, as the profile says):
 
 - the Mooncake FAST'25 trace (``synthetic_trace.jsonl``: 512-token ``hash_ids``), prompts truncated to
   7,000 tokens (hashes cut with them) so they fit the 8k context. Paired samples are consecutive
@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--session-requests", type=int, default=3000)
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--instances", type=int, default=4)
-    ap.add_argument("--profile", default="llama3.1-8b-a100")
+    ap.add_argument("--profile", default="llama3.1-8b-a100-v0")
     ap.add_argument("--router-opt", action="append", default=[], metavar="ROUTER.KEY=VALUE")
     args = ap.parse_args()
     profile = load_profile(args.profile)

@@ -9,7 +9,7 @@ guidance heuristic (replayed through ``ClusterSim`` on the same workloads).
 
     python bench/eval_rl.py                       # 4 x V100, paper-mix, 20 req/s, noisy:0.79, 5 seeds
     python bench/eval_rl.py --checkpoint wgrl=DIR --routers round_robin,wgrl
-    python bench/eval_rl.py --trace FILE --profile llama3.1-8b-a100 --rate 8 --extra "--max-prompt-tokens 1000"
+    python bench/eval_rl.py --trace FILE --profile llama3.1-8b-a100-v0 --rate 8 --extra "--max-prompt-tokens 1000"
 """
 
 from __future__ import annotations

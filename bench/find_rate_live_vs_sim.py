@@ -11,7 +11,7 @@ difference comes from the live path alone (client lag, HTTP and streaming overhe
 
 The default workload is shortened so that the live search fits in about 5-10 minutes at rates a 2-core host
 sends: Poisson arrivals of 2,000-token prompts and 32-token outputs (few streamed chunks), 300 requests a
-probe, 2 seeds, TTFT <= 1 s for 95 % of requests, tolerance 5 %. On two ``llama3.1-8b-a100`` instances the
+probe, 2 seeds, TTFT <= 1 s for 95 % of requests, tolerance 5 %. On two ``llama3.1-8b-a100-v0`` instances the
 simulator finds about 12 req/s.
 
 Prints each search's rate, bracket, probes (rate -> attainment, seeds run) and wall time, then live / sim and
@@ -93,7 +93,7 @@ def describe(name: str, row: dict, wall: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="The module docstring says what is compared.")
-    ap.add_argument("--profile", default="llama3.1-8b-a100")
+    ap.add_argument("--profile", default="llama3.1-8b-a100-v0")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=2000)
     ap.add_argument("--output-tokens", type=int, default=32)

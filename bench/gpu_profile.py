@@ -7,11 +7,11 @@ from the shipped configs with random weights, then times, with CUDA events after
 - prefill of one sequence of several lengths (logits for the last token only, as vLLM computes them);
 - one decode step at several batch sizes over a KV cache of several context lengths (random K/V).
 
-Each measured time is printed beside what ``lbbench profile derive`` predicts for that GPU
-(``base + a x prompt`` for prefill, ``base + b x batch + c x batch x context`` for decode) and their ratio.
+Each measured time is printed beside what ``lbbench profile derive``'s profile (its roofline step model, with the
+shipped calibration) predicts for that GPU, and their ratio.
 Hugging Face eager PyTorch is not vLLM (no fused kernels, no CUDA graphs, more launches per layer), so ratios
 above 1 at small sizes are expected; the implied prefill MFU and decode bandwidth utilization are the numbers to
-carry into ``profile derive --prefill-mfu/--weight-bw-util``. Writes a Markdown table and a JSON file.
+carry into a calibration (``profile derive --calibration``, or ``--prefill-mfu/--weight-bw-util``). Writes a Markdown table and a JSON file.
 
     python bench/gpu_profile.py --out docs/gpu_profile            # on the GPU machine (< 8 min on one H200)
     python bench/gpu_profile.py --device cpu --models tiny --out /tmp/gp   # a smoke run of the script itself
@@ -30,7 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lbbench.profiling.derive import EngineSettings, derive_profile  # noqa: E402
+from lbbench.profiles import profile_from_dict  # noqa: E402
+from lbbench.profiling.derive import EngineLimits, derive_profile  # noqa: E402
 from lbbench.profiling.gpus import GPUS, get_gpu  # noqa: E402
 from lbbench.profiling.models import MODELS_DIR, ModelConfig, load_model_config  # noqa: E402
 
@@ -120,9 +121,10 @@ def profile_model(name: str, cfg_dict: dict, mc: ModelConfig, gpu_name: str | No
     model, config = build_model(cfg_dict, device, dtype)
     pred = None
     if gpu_name is not None:
-        pred = derive_profile(mc, get_gpu(gpu_name), dtype=dtype_name,
-                              engine=EngineSettings(max_num_seqs=max(batches), chunked_prefill=True,
-                                                    max_model_len=min(8192, mc.max_position_embeddings)))["step"]
+        doc = derive_profile(mc, get_gpu(gpu_name), dtype=dtype_name,
+                             engine=EngineLimits(max_num_seqs=max(batches), max_num_batched_tokens=max(8192, *prompts),
+                                                 max_model_len=min(8192, mc.max_position_embeddings)))
+        pred = profile_from_dict(doc, f"derived:{doc['name']}")
     rows = []
     vocab = config.vocab_size
     with torch.inference_mode():
@@ -131,7 +133,7 @@ def profile_model(name: str, cfg_dict: dict, mc: ModelConfig, gpu_name: str | No
             t = timer(lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))
             row = {"model": name, "phase": "prefill", "batch": 1, "tokens": p, "context": 0, "measured_s": t}
             if pred:
-                row["derived_s"] = pred["base_s"] + pred["prefill_token_s"] * p
+                row["derived_s"] = pred.step_time_s(p, 0, 0)
             row["achieved_tflops"] = mc.prefill_flops_per_token(p / 2) * p / t / 1e12
             rows.append(row)
         kv_tok = mc.kv_bytes_per_token(dtype_name)
@@ -150,7 +152,7 @@ def profile_model(name: str, cfg_dict: dict, mc: ModelConfig, gpu_name: str | No
                 t = timer(step)
                 row = {"model": name, "phase": "decode", "batch": b, "tokens": b, "context": c, "measured_s": t}
                 if pred:
-                    row["derived_s"] = pred["base_s"] + pred["decode_seq_s"] * b + pred["context_token_s"] * b * c
+                    row["derived_s"] = pred.step_time_s(0, b, b * c)
                 read = mc.params_read_per_step * (2 if dtype_name != "fp32" else 4) + b * c * kv_tok
                 row["achieved_bw_gbs"] = read / t / 1e9
                 rows.append(row)

@@ -25,8 +25,8 @@ ROUTERS = ("round_robin,random,weighted_round_robin,jsq,least_requests,jsq_speed
            "min_min,min_min_speed,mcu,late_binding_srpt")
 PAIRS = (("weighted_round_robin", "round_robin"), ("jsq_speed", "least_requests"),
          ("least_work_speed", "jsq"), ("min_min_speed", "min_min"))
-UNTUNED = "llama3.1-8b-h100:1,llama3.1-8b-a100:2,llama3.1-8b-l4:1"
-F1 = "llama3.1-8b-a100:2,llama3.1-8b-l4:2"
+UNTUNED = "llama3.1-8b-h100-v0:1,llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:1"
+F1 = "llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2"
 WINDOW_S = 600  # untuned: window k of the trace is [600 k, 600 (k + 1)) s
 
 

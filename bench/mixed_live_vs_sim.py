@@ -34,7 +34,7 @@ def run_json(args: list[str]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fleet", default="llama3.1-8b-a100:2,llama3.1-8b-l4:2")
+    ap.add_argument("--fleet", default="llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2")
     ap.add_argument("--routers", default="round_robin,weighted_round_robin,least_requests,least_work_speed")
     ap.add_argument("--workload", default="poisson")
     ap.add_argument("--prompt-tokens", default="256:0.8")

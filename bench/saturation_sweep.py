@@ -164,7 +164,7 @@ def live_sweep(a: argparse.Namespace, rates: list[float], mode: str, urls: list[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  epilog="The module docstring says what is measured and how the ratio is read.")
-    ap.add_argument("--profile", default="llama3.1-8b-l4")
+    ap.add_argument("--profile", default="llama3.1-8b-l4-v0")
     ap.add_argument("--instances", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=6000)
     ap.add_argument("--output-tokens", type=int, default=1)

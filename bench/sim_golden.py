@@ -1,7 +1,9 @@
 """Golden check for simulator optimisations: a hash of every record of fixed episodes.
 
-Runs the paper episode (4 x llama2-7b-v100, paper-mix, 2000 requests at 20 req/s)
-and a V1 episode (4 x llama3.1-8b-a100, chunked prefill, 200 req/s) with several
+Runs the paper episode (4 x llama2-7b-v100, paper-mix, 2000 requests at 20 req/s),
+the paper's A100 episode (4 x llama3.1-8b-a100-v0: vLLM V0 semantics, chunked prefill
+off, linear steps; 200 req/s) and the same on today's default A100 profile
+(4 x llama3.1-8b-a100: vLLM V1, chunked prefill, roofline steps) with several
 routers, prefix caching off and on, hashes each run's records (every field, floats
 by ``repr``) and either writes the hashes (``--write``) or compares them with the
 stored ones (the default). A speed-up of the simulator must keep every record
@@ -33,7 +35,8 @@ EPISODES = {
     "v100-paper": ("llama2-7b-v100", 4, 2000, 20.0, "oracle",
                    ("round_robin", "jsq", "wgrl", "late_binding_srpt")),
     "v100-noisy": ("llama2-7b-v100", 4, 2000, 20.0, "noisy:0.79", ("late_binding_srpt", "min_min")),
-    "a100-v1": ("llama3.1-8b-a100", 4, 2000, 200.0, "oracle", ("round_robin", "jsq")),
+    "a100-v0": ("llama3.1-8b-a100-v0", 4, 2000, 200.0, "oracle", ("round_robin", "jsq")),
+    "a100-default": ("llama3.1-8b-a100", 4, 2000, 200.0, "oracle", ("round_robin", "jsq")),
 }
 
 

@@ -1,6 +1,6 @@
 """Soak: a long streaming replay through `lbbench proxy` while its backends are killed and restarted.
 
-Four emulated A100 instances (`lbbench serve-sim --instances 1 --profile llama3.1-8b-a100`, each its own process
+Four emulated A100 instances (`lbbench serve-sim --instances 1 --profile llama3.1-8b-a100-v0`, each its own process
 on its own port) behind `lbbench proxy --router least_requests` (its own process). This process replays a
 streaming Poisson workload through the proxy (one endpoint) at ``--rate`` (80 req/s) for ``--minutes`` (30),
 with the load workers `lbbench run` picks by default (``auto_load_workers``). Every ``--kill-every`` minutes (5)
@@ -57,7 +57,7 @@ from lbbench.live.saturation import backlog_at, slope  # noqa: E402
 from lbbench.routers import get_router  # noqa: E402
 
 LB = [sys.executable, "-m", "lbbench.cli"]
-PROFILE = "llama3.1-8b-a100"
+PROFILE = "llama3.1-8b-a100-v0"
 
 
 def rss_mb(pid: int) -> float:

@@ -24,7 +24,7 @@ from lbbench.profiling.gpus import get_gpu
 from lbbench.profiling.models import load_model_config
 from lbbench.profiling.roofline_derive import roofline_shape
 from lbbench.roofline import RooflineStepModel
-from lbbench.validation.calibration import load_calibration
+from lbbench.profiling.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Vidur's model directories -> shipped configs

@@ -10,7 +10,7 @@ O, "task": T}`` (``--task`` when the trace has none). ``lbbench predictor train
 rows without text that give ``prompt_tokens``.
 
     python bench/trace_corpus.py TRACE --window 1800:3502 --out runs/azure-train.jsonl
-    lbbench predictor train --kind metadata --data runs/azure-train.jsonl --profile llama3.1-8b-a100 --out DIR
+    lbbench predictor train --kind metadata --data runs/azure-train.jsonl --profile llama3.1-8b-a100-v0 --out DIR
     python bench/trace_corpus.py TRACE --window 0:1800 --out runs/azure-eval.jsonl
     lbbench predictor eval --model DIR --data runs/azure-eval.jsonl
 """

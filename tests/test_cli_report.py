@@ -36,7 +36,7 @@ def test_report_two_profiles_side_by_side(runner):
     assert res.exit_code == 0, res.output
     assert "## Side by side by profile" in res.output
     assert "llama2-7b-v100: mean E2E (s)" in res.output
-    assert "llama3.1-8b-a100: mean E2E (s)" in res.output
+    assert "llama3.1-8b-a100: mean E2E (s)" in res.output  # the recorded run's profile name
 
 
 def test_report_json_and_slo(runner):

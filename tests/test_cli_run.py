@@ -98,7 +98,7 @@ def test_listing_commands():
     names = {r["name"] for r in json.loads(res.stdout)}
     assert {"round_robin", "jsq", "min_min", "mcu"} <= names
     res = invoke("profiles", "--format", "json")
-    assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= {r["name"] for r in json.loads(res.stdout)}
+    assert {"llama2-7b-v100", "llama3.1-8b-a100-v0"} <= {r["name"] for r in json.loads(res.stdout)}
 
 
 def test_router_options_reach_the_router_and_bad_ones_exit_2(tmp_path):
@@ -119,7 +119,7 @@ def test_profiles_ship_inside_the_package():
 
     import lbbench
     shipped = {p.stem for p in (Path(lbbench.__file__).parent / "_profiles").glob("*.toml")}
-    assert {"llama2-7b-v100", "llama3.1-8b-a100"} <= shipped
+    assert {"llama2-7b-v100", "llama3.1-8b-a100-v0"} <= shipped
 
 
 SWEEP = ["--router", "round_robin,least_requests", "--instance-scheduler", "fcfs,priority", "--requests", "120",

@@ -145,7 +145,7 @@ def test_every_option_of_run_is_a_key_and_a_new_one_is_too():
 # ------------------------------------------------------------------ every recorded field round-trips as flags
 CASES = {
     "defaults": [],
-    "sim": ["--fleet", "llama3.1-8b-a100:2,llama3.1-8b-l4:2", "--workload", "poisson", "--rate", "5,10",
+    "sim": ["--fleet", "llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2", "--workload", "poisson", "--rate", "5,10",
             "--requests", "50", "--jobs", "2", "--slo", "ttft=2,tbt=0.1", "--router", "round_robin,jsq,wgrl",
             "--instance-scheduler", "fcfs,priority", "--chunked-prefill", "both", "--prefix-caching", "on",
             "--seeds", "3", "--seed", "7", "--burstiness", "2.5", "--prompt-tokens", "256:0.5",

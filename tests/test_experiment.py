@@ -193,11 +193,11 @@ def _run(cfg, out):
 def test_sim_and_live_write_the_same_run_directory(tmp_path):
     """One runner: a simulated run and a live run (against emulated vLLM servers) give the same files, the
     same columns and the same router labels; the live timeline is the scraped one, in the same file."""
-    common = dict(profile="llama3.1-8b-a100", workload="poisson", rate_per_s=20.0, requests=40,
+    common = dict(profile="llama3.1-8b-a100-v0", workload="poisson", rate_per_s=20.0, requests=40,
                   routers=["round_robin", "least_requests"], prompt_tokens="64", output_tokens="8",
                   timeline_interval_s=0.2)
     sim = _run(RunConfig(instances=2, **common), tmp_path / "sim")
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:
         live = _run(RunConfig(endpoints=fleet.endpoints, **common), tmp_path / "live")
     assert sim.complete and live.complete
     for out in (sim.path, live.path):

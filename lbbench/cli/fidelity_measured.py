@@ -13,7 +13,7 @@ import polars as pl
 
 from ..errors import InputError
 from ..measured.table import read_measured
-from ..validation.calibration import load_calibration
+from ..profiling.calibration import load_calibration
 from ..validation.report import mape_by, render_text, write_outputs
 from ..validation.setup import MLPERF_CNNDM_PROMPTS, PromptAssumption, value
 from ..validation.simulate import simulate_rows

@@ -51,7 +51,8 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
                     output_tokens=kw["output_tokens"])
     return PlanConfig(run=run, model=kw["model"], gpus=split_csv(kw["gpu"]), tps=_tps(kw["tp"]), slo=Slo(**slo),
                       attainment=kw["attainment"], max_instances=kw["max_instances"], dtype=kw["dtype"],
-                      price_file=kw["price_file"], jobs=kw["jobs"], ray=kw["ray_address"])
+                      price_file=kw["price_file"], jobs=kw["jobs"], ray=kw["ray_address"],
+                      calibration=kw["calibration"])
 
 
 @click.command("plan")
@@ -73,6 +74,9 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default="bf16", show_default=True)
 @click.option("--router", "routers", default="jsq", show_default=True,
               help="Comma-separated routers; each gets its own rows.")
+@click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+              help="A calibration TOML (`lbbench profile fit --measured` writes one) whose efficiency factors the "
+                   "derived profiles take, as `lbbench profile derive --calibration`. Default: the shipped one.")
 @click.option("--instance-scheduler", default="fcfs", show_default=True,
               help="Comma-separated instance-level schedulers; each gets its own rows.")
 @click.option("--predictor", default="oracle", show_default=True,
@@ -107,7 +111,8 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
 def plan_cmd(**kw: Any) -> None:
     """How many instances of which GPU does this traffic need to meet its SLO?
 
-    For every GPU x TP the profile is derived (physics, not measured), and the smallest instance count whose
+    For every GPU x TP the profile is derived (physics, not measured: `lbbench profile derive`'s vLLM V1 with chunked
+    prefill and the shipped calibration), and the smallest instance count whose
     SLO attainment meets the target is searched on the simulator (exponential probe, bisection, paired seeds).
 
     \b

@@ -42,96 +42,103 @@ def profile() -> None:
 
 @profile.command("derive")
 @click.option("--model", "model_name", required=True,
-              help="A shipped model config (llama-2-7b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b) "
+              help="A shipped model config (llama-2-7b, llama-3.1-8b, llama-3.1-70b, mistral-7b, qwen2.5-7b, ...) "
                    "or a Hugging Face config.json path.")
-@click.option("--gpu", required=True, help="GPU name (v100-16gb, v100-32gb, a10g, l4, a100-40gb, a100-80gb, "
+@click.option("--gpu", required=True, help="GPU name (v100-16gb, v100-32gb, a10g, l4, l40s, a100-40gb, a100-80gb, "
                                            "h100, h200, mi300x).")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel GPUs.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default="bf16", show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default="bf16", show_default=True,
+              help="The weights' dtype.")
+@click.option("--kv-dtype", type=click.Choice(["auto", "bf16", "fp16", "fp8"]), default="auto", show_default=True,
+              help="The KV cache's dtype (auto: the activations' 16 bits, as vLLM's --kv-cache-dtype auto).")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None,
+              help="Default: vLLM's (V1: 1024 on a GPU of 70 GiB or more that is not an A100, else 256; V0: 256).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None,
-              help="Default: 8192 with chunked prefill, else max_model_len.")
+              help="Default: vLLM's (with chunked prefill, V1: 8192 on a GPU of 70 GiB or more that is not an "
+                   "A100, else 2048; without: max(max_model_len, 2048)).")
 @click.option("--max-model-len", type=click.IntRange(min=16), default=None,
               help="Default: the model's max_position_embeddings, at most 8192.")
 @click.option("--chunked-prefill/--no-chunked-prefill", default=True, show_default=True)
 @click.option("--scheduler", type=click.Choice(["v1", "v0"]), default="v1", show_default=True,
-              help="Engine semantics the simulator applies.")
-@click.option("--prefill-mfu", type=click.FloatRange(0.01, 0.8), default=None,
-              help="Share of peak dense FLOP/s prefill reaches. Default: fitted to measured GPU timings "
-                   "(`lbbench profile efficiency`).")
-@click.option("--weight-bw-util", type=click.FloatRange(0.05, 0.9), default=None,
-              help="Share of peak bandwidth reached streaming weights. Default: fitted, as --prefill-mfu.")
+              help="Engine semantics the simulator applies (v0: vLLM V0 without chunked prefill, as the paper ran).")
+@click.option("--calibration", "calibration_file", default=None, type=click.Path(dir_okay=False),
+              help="A calibration TOML (`lbbench profile fit --measured` writes one) whose efficiency factors and "
+                   "front-end latency the profile takes. Default: the shipped one.")
+@click.option("--prefill-mfu", type=click.FloatRange(0.01, 1.0), default=None,
+              help="Override the calibration's share of peak FLOP/s large GEMMs reach.")
+@click.option("--weight-bw-util", type=click.FloatRange(0.01, 1.0), default=None,
+              help="Override the calibration's share of peak bandwidth reached streaming weights.")
 @click.option("--roofline-sharpness", type=click.FloatRange(1.0, None), default=None,
-              help="How abruptly memory-bound hands over to compute-bound (a large value: a hard max). "
-                   "Default: fitted, as --prefill-mfu.")
-@click.option("--kv-bw-util", type=click.FloatRange(0.05, 0.9), default=0.5, show_default=True,
-              help="Share of peak bandwidth reached reading KV blocks (an assumption: attention is not measured).")
-@click.option("--step-overhead-s", type=click.FloatRange(0.0, 1.0), default=0.0015, show_default=True,
-              help="Fixed per-step cost outside GPU kernels (scheduler, sampler, launches).")
+              help="Override the calibration's soft-roofline sharpness (a large value: a hard max).")
+@click.option("--kv-bw-util", type=click.FloatRange(0.01, 1.0), default=None,
+              help="Override the calibration's share of peak bandwidth reached reading the KV cache.")
+@click.option("--step-overhead-s", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Override the calibration's fixed per-step cost outside the layers' kernels.")
 @click.option("--grad1", type=float, default=None, help="Mixing estimator grad1 (default: the prefill cost).")
 @click.option("--grad2", type=float, default=None, help="Mixing estimator grad2 (default: the decode cost).")
 @click.option("--min-step-s", type=float, default=None,
               help="Decision interval (default: the single-sequence step time).")
 @click.option("--name", default=None, help="Profile name (default: MODEL-GPU[-tpN]).")
-@click.option("--calibration", default=None,
-              help="Say here if an efficiency factor was chosen to match a published number (goes to [source]).")
+@click.option("--note", default=None,
+              help="Say here why a factor was overridden, e.g. to match a published number (goes to [source]).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Profile TOML to write.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, gpu_memory_utilization: float, max_num_seqs: int,
-               max_num_batched_tokens: int | None, max_model_len: int | None, chunked_prefill: bool,
-               scheduler: str, prefill_mfu: float | None, weight_bw_util: float | None,
-               roofline_sharpness: float | None, kv_bw_util: float,
-               step_overhead_s: float, grad1: float | None, grad2: float | None, min_step_s: float | None,
-               name: str | None, calibration: str | None, out: str, fmt: str) -> None:
-    """Derive a profile from a model config and a GPU: parameter count, KV bytes per token, KV blocks as vLLM's
-    memory profiler sizes them, and step-time coefficients from a roofline whose efficiency factors are fitted
-    to measured GPU timings (cited in the profile's [source] and printed) unless given."""
-    # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
-    from ..profiling.derive import EngineSettings, derive_profile, fitted_efficiency
+def derive_cmd(model_name: str, gpu: str, tp: int, dtype: str, kv_dtype: str, gpu_memory_utilization: float,
+               max_num_seqs: int | None, max_num_batched_tokens: int | None, max_model_len: int | None,
+               chunked_prefill: bool, scheduler: str, calibration_file: str | None, prefill_mfu: float | None,
+               weight_bw_util: float | None, roofline_sharpness: float | None, kv_bw_util: float | None,
+               step_overhead_s: float | None, grad1: float | None, grad2: float | None, min_step_s: float | None,
+               name: str | None, note: str | None, out: str, fmt: str) -> None:
+    """Derive a profile from a model config and a GPU: KV blocks as vLLM's memory profiler sizes them, and every
+    step priced by a roofline (`[step] model = "roofline"`) whose efficiency factors are a calibration's (the
+    shipped one, fitted to public vLLM measurements, unless --calibration or an override says otherwise). The
+    engine is vLLM V1 with chunked prefill and its default limits unless told otherwise."""
+    from ..profiling.calibration import load_calibration  # lazy: start-up time (the calibration file)
+    from ..profiling.derive import EngineLimits, derive_profile  # lazy: start-up time (the roofline)
 
     model = load_model_config(model_name)
     g = get_gpu(gpu)
-    fitted = fitted_efficiency(model, g, tp)
-    given = {"prefill_mfu": prefill_mfu, "weight_bw_util": weight_bw_util, "roofline_sharpness": roofline_sharpness,
+    cal = load_calibration(calibration_file)
+    given = {"prefill_mfu": prefill_mfu, "weight_bw_util": weight_bw_util, "sharpness": roofline_sharpness,
              "kv_bw_util": kv_bw_util, "step_overhead_s": step_overhead_s}
-    eff = dataclasses.replace(fitted.eff, **{k: v for k, v in given.items() if v is not None})
+    overridden = {k: v for k, v in given.items() if v is not None}
+    if overridden:
+        cal = dataclasses.replace(cal, eff=dataclasses.replace(cal.eff, **overridden))
     prof = derive_profile(
-        model, g, dtype=dtype, tp=tp, name=name, eff=eff, fitted=fitted,
-        engine=EngineSettings(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              max_model_len=max_model_len, chunked_prefill=chunked_prefill,
-                              scheduler=scheduler, gpu_memory_utilization=gpu_memory_utilization))
-    if calibration:
-        prof["source"]["calibration"] = calibration
+        model, g, dtype=dtype, kv_dtype=kv_dtype, tp=tp, name=name, calibration=cal,
+        engine=EngineLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            max_model_len=max_model_len, chunked_prefill=chunked_prefill, scheduler=scheduler,
+                            gpu_memory_utilization=gpu_memory_utilization))
+    if overridden:
+        prof["source"]["efficiency_overrides"] = (", ".join(f"{k} {v:g}" for k, v in overridden.items())
+                                                  + " given to derive in place of the calibration's")
+    if note:
+        prof["source"]["note"] = note
     for key, value in (("grad1", grad1), ("grad2", grad2), ("min_step_s", min_step_s)):
         if value is not None:
             prof["mixing"][key] = value
             prof["source"][f"mixing.{key}"] = "given to derive (--" + key.replace("_", "-") + ")"
     path = write_profile_toml(prof, out)
     if fmt == "json":
-        cited = ("method", "efficiency", "efficiency_assumptions", "efficiency_transfer", "calibration")
-        click.echo(json.dumps({"path": str(path), **{k: prof[k] for k in ("step", "kv", "engine", "physics")},
+        cited = ("method", "efficiency", "efficiency_overrides", "api_overhead_s", "engine", "note")
+        click.echo(json.dumps({"path": str(path), **{k: prof[k] for k in ("step", "kv", "engine", "physics",
+                                                                          "efficiency")},
                                "num_params": model.num_params,
-                               "kv_bytes_per_token": model.kv_bytes_per_token(dtype),
                                "source": {k: prof["source"][k] for k in cited if k in prof["source"]}}, indent=2))
         return
-    s, kv = prof["step"], prof["kv"]
+    s, kv, e = prof["step"], prof["kv"], prof["engine"]
     click.echo(f"{prof['name']}: {model.num_params / 1e9:.2f} B parameters, "
-               f"{model.kv_bytes_per_token(dtype) / 1024:.0f} KiB KV per token")
-    click.echo(f"  step = {s['base_s'] * 1e3:.2f} ms + {s['prefill_token_s'] * 1e6:.1f} us/prefill token + "
-               f"{s['decode_seq_s'] * 1e6:.2f} us/decode seq + {s['context_token_s'] * 1e9:.1f} ns/context token")
+               f"{prof['roofline']['kv_bytes_per_token'] / 1024:.0f} KiB KV per token per GPU")
+    click.echo(f"  engine: vLLM {e['scheduler']}, chunked prefill {'on' if e['chunked_prefill'] else 'off'}, "
+               f"max_num_seqs {e['max_num_seqs']}, max_num_batched_tokens {e['max_num_batched_tokens']}, "
+               f"max_model_len {e['max_model_len']}")
+    click.echo(f"  step: roofline; linear summary {s['base_s'] * 1e3:.2f} ms + {s['prefill_token_s'] * 1e6:.1f} "
+               f"us/prefill token + {s['decode_seq_s'] * 1e6:.2f} us/decode seq + "
+               f"{s['context_token_s'] * 1e9:.1f} ns/context token")
     click.echo(f"  KV: {kv['num_kv_blocks']} blocks of {kv['block_size']} "
                f"({kv['num_kv_blocks'] * kv['block_size']} tokens)")
-    ph = prof["physics"]
-    fit_keys = [k for k in ("prefill_mfu", "weight_bw_util", "roofline_sharpness") if given[k] is None]
-    click.echo(f"  efficiency: prefill MFU {ph['prefill_mfu']:g}, weight-read bandwidth {ph['weight_bw_util']:g}, "
-               f"sharpness {ph['roofline_sharpness']:g} ({'fitted: ' + ', '.join(fit_keys) if fit_keys else 'given'}"
-               f"); KV-read {ph['kv_bw_util']:g}, step overhead {ph['step_overhead_s'] * 1e3:g} ms (assumptions)")
-    if fit_keys:
-        click.echo(f"  measured data: {fitted.row.gpu} TP {fitted.row.tp}, {fitted.citation()}")
-    if "efficiency_transfer" in prof["source"]:
-        click.echo(f"  no factors fitted on {g.name}: the {fitted.row.gpu} ones are applied to its datasheet peak "
-                   "and bandwidth")
+    click.echo(f"  efficiency: {cal.describe()}" + (f"; overridden: {', '.join(overridden)}" if overridden else ""))
     click.echo(f"wrote {path}")
 
 

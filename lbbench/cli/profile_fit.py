@@ -41,7 +41,7 @@ def fit_cmd(measured: str, start: str | None, params: str, rounds: int, max_stag
     fitted rows' errors and, with --cross-validate, the errors on rows held out of the fit."""
     from ..distributed import get_executor  # lazy: the executors pull in multiprocessing machinery
     from ..measured.table import read_measured  # lazy: start-up time (the measured tables, ~30 ms)
-    from ..validation.calibration import Calibration, load_calibration, write_calibration  # lazy: as above
+    from ..profiling.calibration import Calibration, load_calibration, write_calibration  # lazy: as above
     from ..validation.fit import cross_validate, fit  # lazy: start-up time (the simulator and its profiles)
     from ..validation.report import render_text, write_outputs  # lazy: as above
     from ..validation.setup import value  # lazy: as above

@@ -25,6 +25,7 @@ from ..workloads.trace_formats import FORMAT_NAMES, parse_mapping
 from ..workloads.trace_stats import inspect_trace
 from ..workloads.trace_transform import PROMPT_OVERFLOW_MODES, parse_window, transform_trace
 from ..workloads.traces import load_trace_requests, read_trace, write_canonical
+from .flags import user_message
 
 TRACE_READ_OPTIONS = ("trace_format", "mapping", "skip_bad_rows")
 TRACE_TRANSFORM_OPTIONS = ("time_scale", "window", "max_prompt_tokens", "prompt_overflow")

@@ -78,6 +78,8 @@ class PlanConfig:
     jobs: int = 1
     ray: str | None = None
     """A Ray cluster address (``auto``) to run the searches on; None: ``jobs`` local processes."""
+    calibration: str | None = None
+    """A calibration TOML whose efficiency factors the derived profiles take; None: the shipped one."""
 
     def check(self) -> None:
         if not 0 < self.attainment <= 1:
@@ -202,23 +204,22 @@ def row_of(outcome: SearchOutcome, prices: dict[str, float] | None, price_file: 
 # ------------------------------------------------------------------------------------------------ the plan
 
 
-def derived_profile(model: Any, gpu: Any, tp: int, dtype: str) -> Profile:
-    """The profile ``lbbench profile derive`` would write, held in memory. ``DeriveError`` when it cannot run."""
-    # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
-    from ..profiling.derive import DeriveError, derive_profile
+def derived_profile(model: Any, gpu: Any, tp: int, dtype: str, calibration: Any = None) -> Profile:
+    """The profile ``lbbench profile derive`` would write (vLLM V1, chunked prefill, ``calibration``'s factors;
+    None: the shipped calibration), held in memory. ``DeriveError`` when it cannot run."""
+    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline and the calibration file)
 
-    if model.num_heads % tp or (model.num_kv_heads % tp and tp % model.num_kv_heads):
-        raise DeriveError(f"{model.name}: {model.num_heads} attention heads ({model.num_kv_heads} KV heads) do "
-                          f"not split over TP {tp}")
-    doc = derive_profile(model, gpu, dtype=dtype, tp=tp)
+    doc = derive_profile(model, gpu, dtype=dtype, tp=tp, calibration=calibration)
     return profile_from_dict(doc, f"derived:{doc['name']}")
 
 
 def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[SearchTask], list[str]]:
     """Every row's search task, checked before any simulation runs, and the notes of skipped GPU x TP."""
-    from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
+    from ..profiling.calibration import load_calibration  # lazy: start-up time (the calibration file)
+    from ..profiling.derive import DeriveError  # lazy: start-up time (the roofline and the calibration file)
 
     cfg.check()
+    calibration = load_calibration(cfg.calibration)
     try:
         gpus = [get_gpu(g) for g in cfg.gpus]
     except UnknownGPUError as exc:
@@ -235,7 +236,7 @@ def tasks_for(cfg: PlanConfig, note: Callable[[str], None]) -> tuple[list[Search
     for gpu in gpus:
         for tp in cfg.tps:
             try:
-                profile = derived_profile(model, gpu, tp, cfg.dtype)
+                profile = derived_profile(model, gpu, tp, cfg.dtype, calibration)
             except DeriveError as exc:
                 skipped.append(f"skipping {gpu.name} at TP {tp}: {str(exc).splitlines()[0]}")
                 continue
@@ -302,6 +303,7 @@ def profile_record(p: Profile) -> dict[str, Any]:
             "decode_seq_s": p.decode_seq_s, "context_token_s": p.context_token_s,
             "kv_capacity_tokens": p.kv_capacity_tokens, "max_num_seqs": p.max_num_seqs,
             "max_num_batched_tokens": p.max_num_batched_tokens, "chunked_prefill": p.chunked_prefill,
+            "scheduler": p.scheduler, "step_model": "roofline" if p.roofline else "linear",
             "physics": dict(p.physics), "source": dict(p.source)}
 
 
@@ -313,9 +315,9 @@ def config_record(cfg: PlanConfig) -> dict[str, Any]:
             "max_instances": cfg.max_instances, "workload": run.workload, "trace": run.trace,
             "rate_per_s": run.rate_per_s, "requests": run.requests, "seeds": run.seeds, "seed": run.seed,
             "routers": list(run.routers), "instance_schedulers": list(run.instance_schedulers),
-            "predictor": run.predictor, "price_file": cfg.price_file,
-            "profiles": "derived in memory by lbbench profile derive's roofline (physics-derived, simulated; "
-                        "not measured on GPUs)"}
+            "predictor": run.predictor, "price_file": cfg.price_file, "calibration": cfg.calibration,
+            "profiles": "derived in memory by lbbench profile derive's roofline (vLLM V1 with chunked prefill; "
+                        "physics-derived with the calibration's efficiency factors, simulated; not measured on GPUs)"}
 
 
 def write_outcome(out_dir: Path, outcome: SearchOutcome) -> None:

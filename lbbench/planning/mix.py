@@ -118,13 +118,15 @@ class MixPlan:
 
 def write_profiles(cfg: PlanConfig, keys: list[tuple[str, int]], where: Path) -> dict[tuple[str, int], str]:
     """Each (GPU, TP)'s derived profile as a TOML file under ``where`` (a fleet spec names profiles by path)."""
-    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline's efficiency tables, ~15 ms)
+    from ..profiling.calibration import load_calibration  # lazy: start-up time (the calibration file)
+    from ..profiling.derive import derive_profile  # lazy: start-up time (the roofline and the calibration file)
 
     model = load_model_config(cfg.model)
+    calibration = load_calibration(cfg.calibration)
     where.mkdir(parents=True, exist_ok=True)
     out = {}
     for gpu, tp in keys:
-        doc = derive_profile(model, get_gpu(gpu), dtype=cfg.dtype, tp=tp)
+        doc = derive_profile(model, get_gpu(gpu), dtype=cfg.dtype, tp=tp, calibration=calibration)
         path = where / f"{doc['name']}.toml"
         path.write_text(tomli_w.dumps(doc))
         out[(gpu, tp)] = str(path)

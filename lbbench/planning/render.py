@@ -19,8 +19,9 @@ from ..reports.html import _CSS
 from ..reports.render import cell
 from .capacity import PRICE_COLUMNS, ROW_COLUMNS, Plan
 
-WHAT = ("Profiles are physics-derived (lbbench profile derive's roofline from the model config and the GPU "
-        "table) and every count is simulated; nothing here was measured on these GPUs.")
+WHAT = ("Profiles are physics-derived (lbbench profile derive: vLLM V1 with chunked prefill, a roofline of the model "
+        "config and the GPU table with the shipped calibration's efficiency factors) and every count is simulated; "
+        "nothing here was measured on these GPUs.")
 
 _HEADERS = {
     "gpu": "GPU", "tp": "TP", "router": "router", "instance_scheduler": "scheduler", "instances": "instances",

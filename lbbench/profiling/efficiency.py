@@ -15,8 +15,9 @@ cost between 1,024 and 4,096 tokens, ``p`` by least squares of the log error ove
 
 ``efficiency.toml`` (next to this module) holds the factors fitted on the A100 files, per tensor parallelism
 and model size, with the files, commit, licence and fit error, and the held-out H100 check.
-:func:`fitted_efficiency` picks the row for a model and TP (same TP, nearest per-GPU block weight bytes) and
-says which; every GPU uses the A100 fit (the files measure no other GPU we ship) unless a row names it.
+``lbbench profile efficiency`` prints it. It is a measured reference for the block GEMMs: the profiles ``lbbench
+profile derive`` writes take their efficiency factors from a calibration (:mod:`lbbench.profiling.calibration`),
+fitted to whole vLLM runs.
 """
 
 from __future__ import annotations
@@ -152,14 +153,3 @@ def load_table(path: str | Path = TABLE_PATH) -> EfficiencyTable:
                                group=r.get("group", ""))
                  for r in doc["fit"])
     return EfficiencyTable(source=doc["source"], rows=rows, validation=tuple(doc.get("validation", ())))
-
-
-def select_row(table: EfficiencyTable, gpu_name: str, tp: int, block_weight_bytes_per_gpu: float) -> EfficiencyRow:
-    """The row fitted on this GPU if any (else the reference GPU's), at the largest fitted TP <= ``tp``, nearest
-    in per-GPU block weight bytes (log scale): GEMMs of similar size reach similar efficiency."""
-    gpus = {r.gpu for r in table.rows}
-    on = gpu_name if gpu_name in gpus else table.source["reference_gpu"]
-    cands = [r for r in table.rows if r.gpu == on]
-    tps = sorted({r.tp for r in cands if r.tp <= tp}) or [min(r.tp for r in cands)]
-    cands = [r for r in cands if r.tp == tps[-1]]
-    return min(cands, key=lambda r: abs(math.log(r.block_weight_bytes_per_gpu / block_weight_bytes_per_gpu)))

@@ -11,13 +11,14 @@ A profile whose ``[physics]`` table names its model config and GPU can be checke
 from __future__ import annotations
 
 from ..profiles import Profile
-from .derive import REFERENCE_PROMPT_TOKENS
 from .gpus import get_gpu
 from .models import DTYPE_BYTES, load_model_config
 
 #: the most a real engine reaches; shipped profiles must stay at or below these
 MAX_PREFILL_MFU = 0.8
 MAX_DECODE_BW_UTIL = 0.9
+#: prompt length at which the attention part of a prefill token's FLOPs is evaluated (mean context: half)
+REFERENCE_PROMPT_TOKENS = 1024
 
 
 def implied_utilization(profile: Profile) -> dict[str, float | None]:

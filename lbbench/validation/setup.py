@@ -32,22 +32,11 @@ from ..errors import InputError
 from ..profiles import Profile, profile_from_dict
 from ..profiling.gpus import get_gpu
 from ..profiling.models import load_model_config, shipped_models
-from ..profiling.roofline_derive import EngineLimits, derive_roofline_profile
+from ..profiling.roofline_derive import (V1_GPU_MEMORY_UTILIZATION, EngineLimits, derive_roofline_profile,
+                                        v1_defaults)
 from ..roofline import RooflineEfficiency
 from ..workloads.lengths import LognormalLength
 from ..workloads.shared_prefix import SharedPrefixSpec, Stage, shared_prefix_requests, stage_arrivals
-
-#: vLLM V1's defaults where a row leaves a limit empty: the OpenAI server's batch defaults
-#: (vllm/engine/arg_utils.py EngineArgs.get_batch_defaults): 8,192 tokens and 1,024 sequences on a GPU of 70 GiB or
-#: more that is not an A100 (H100, H200, MI300X), else 2,048 tokens and 256 sequences; memory utilization 0.9
-V1_LARGE_GPU = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
-V1_OTHER_GPU = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
-V1_GPU_MEMORY_UTILIZATION = 0.9
-
-
-def v1_defaults(gpu) -> dict[str, int]:
-    return V1_LARGE_GPU if gpu.memory_gib >= 70 and not gpu.name.startswith("a100") else V1_OTHER_GPU
-
 
 @dataclass(frozen=True)
 class PromptAssumption:

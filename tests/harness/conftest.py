@@ -26,7 +26,7 @@ def make_requests():
 
 @pytest.fixture(scope="module")
 def a100_fleet():
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:
         yield fleet
 
 

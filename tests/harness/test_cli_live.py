@@ -67,7 +67,7 @@ def test_serve_sim_serves_until_sigterm(tmp_path):
         s.bind(("127.0.0.1", port))
 
 
-def _serve_sim(port: int, profile: str = "llama3.1-8b-a100") -> tuple[subprocess.Popen, str]:
+def _serve_sim(port: int, profile: str = "llama3.1-8b-a100-v0") -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", "from lbbench.cli import main; main()", "serve-sim", "--instances", "1",
          "--profile", profile, "--port", str(port)],

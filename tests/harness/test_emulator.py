@@ -79,7 +79,7 @@ def test_kill_endpoint_only_when_allowed(a100_fleet):
     from lbbench.profiles import load_profile
 
     assert _post(a100_fleet.endpoints[0] + "/lbbench/kill", {})[0] == 404
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2, allow_kill=True)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2, allow_kill=True)) as fleet:
         status, raw = _post(fleet.endpoints[1] + "/lbbench/kill", {})
         assert status == 200 and json.loads(raw) == {"killed": 1}
         deadline = time.monotonic() + 5
@@ -101,7 +101,7 @@ def test_a_client_that_disconnects_aborts_its_request():
         m = parse_metrics(urllib.request.urlopen(url + "/metrics", timeout=5).read().decode())
         return m.num_running + m.num_waiting
 
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-l4"), 1)) as fleet:  # ~1 s per 6,000-token prefill
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-l4-v0"), 1)) as fleet:  # ~1 s per 6,000-token prefill
         url = fleet.endpoints[0]
         host, port = url.removeprefix("http://").split(":")
         body = json.dumps({"prompt": [1] * 6000, "max_tokens": 4, "stream": True}).encode()

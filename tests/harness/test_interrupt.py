@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
 
     out_dir = sys.argv[1]
     reqs = [Request(i, 0.02 * i, 64, 30) for i in range(1000)]   # 20 s of arrivals
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:
         def progress(done, total):
             if done >= 20:
                 print("progress", flush=True)

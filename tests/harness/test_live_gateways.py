@@ -68,7 +68,7 @@ def _gateway(exe: str, workers: list[str], policy: str, log: Path):
 
 
 def _run(gw: str, out: Path, *extra: str):
-    res = CliRunner().invoke(main, ["run", "--endpoint", gw, "--model", "tiny", "--profile", "llama3.1-8b-a100",
+    res = CliRunner().invoke(main, ["run", "--endpoint", gw, "--model", "tiny", "--profile", "llama3.1-8b-a100-v0",
                                     "--workload", "poisson", "--rate", "4", "--requests", "20",
                                     "--prompt-tokens", "96", "--output-tokens", "12", "--out", str(out),
                                     "--format", "json", *extra])

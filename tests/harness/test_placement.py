@@ -66,7 +66,7 @@ def test_cli_refuses_a_layout_the_machine_cannot_hold(tmp_path):
 
 
 def test_fidelity_refuses_the_layout_too(tmp_path):
-    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100", "--launch", "tiny",
+    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100-v0", "--launch", "tiny",
                                     "--instances", str(len(CORES)), "--cpus-per-instance", "1",
                                     "--log-dir", str(tmp_path)])
     assert res.exit_code == 2 and "--cpus-per-instance" in res.output and "for the client" in res.output

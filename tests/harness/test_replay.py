@@ -79,7 +79,7 @@ def test_emulated_timings_follow_the_profile(a100_fleet):
     res = run_replay([req], get_router("round_robin", num_instances=2, seed=0), a100_fleet.endpoints,
                      ReplaySettings(run_id="t", seed=0, scrape_interval_s=None))
     rec = res.records[0]
-    p = load_profile("llama3.1-8b-a100")
+    p = load_profile("llama3.1-8b-a100-v0")
     prefill_s = p.base_s + p.prefill_token_s * 1000
     # never early; late only by the client's and the emulator's scheduling noise
     assert prefill_s - 0.005 <= rec.first_token_s - rec.actual_send_s <= prefill_s + 0.06
@@ -101,7 +101,7 @@ def test_killed_instance_fails_its_in_flight_requests_and_the_run_goes_on(tmp_pa
     from lbbench.profiles import load_profile
 
     reqs = make_requests(240, 80.0, seed=2, output=(60, 120))
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:
         killed_at = []
 
         def kill():
@@ -198,7 +198,7 @@ def test_requests_fail_cleanly_when_every_instance_is_down():
     from lbbench.profiles import load_profile
 
     reqs = [Request(i, 0.05 * i, 16, 200) for i in range(30)]  # 1.5 s of arrivals, long outputs
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 1)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 1)) as fleet:
         timer = threading.Timer(0.5, fleet.kill, args=(0,))
         timer.start()
         try:

@@ -24,7 +24,7 @@ from lbbench.profiles import load_profile
 from lbbench.metrics.reference import with_reference
 from lbbench.metrics.summary import summarize
 
-PROFILE = "llama3.1-8b-a100"
+PROFILE = "llama3.1-8b-a100-v0"
 
 
 @pytest.fixture(scope="module")

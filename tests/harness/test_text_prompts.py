@@ -83,7 +83,7 @@ class TextOnlyGateway:
 def test_cli_run_through_a_text_only_gateway(tmp_path):
     import asyncio
     import threading
-    prof = load_profile("llama3.1-8b-a100")
+    prof = load_profile("llama3.1-8b-a100-v0")
     with EmulatorFleet(FleetConfig(prof, 1)) as fleet:
         gw = TextOnlyGateway(fleet.endpoints[0])
         loop = asyncio.new_event_loop()
@@ -100,7 +100,7 @@ def test_cli_run_through_a_text_only_gateway(tmp_path):
         url = f"http://127.0.0.1:{gw.port}"
         assert accepts_token_ids(fleet.endpoints[0], prof.model)
         assert not accepts_token_ids(url, prof.model)
-        res = CliRunner().invoke(main, ["run", "--endpoint", url, "--profile", "llama3.1-8b-a100", "--workload",
+        res = CliRunner().invoke(main, ["run", "--endpoint", url, "--profile", "llama3.1-8b-a100-v0", "--workload",
                                         "poisson", "--rate", "20", "--requests", "20", "--prompt-tokens", "64",
                                         "--output-tokens", "8", "--out", str(tmp_path / "r"), "--format", "json"])
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)

@@ -20,7 +20,7 @@ def run_on_fleet(fleet, tmp_path):
 
     def run(*options: str):
         args = ["run", "--workload", "poisson", "--prompt-tokens", "32", "--output-tokens", "8",
-                "--profile", "llama3.1-8b-a100", "--out", str(tmp_path), "--format", "json", *options]
+                "--profile", "llama3.1-8b-a100-v0", "--out", str(tmp_path), "--format", "json", *options]
         for url in fleet.endpoints:
             args += ["--endpoint", url]
         res = CliRunner().invoke(main, args)

@@ -155,7 +155,7 @@ def test_bad_threshold_is_one_line_exit_2(value, tmp_path):
 def test_a_stable_mixed_fleet_is_not_marked_saturated(tmp_path):
     """A light Poisson load on a mixed fleet (the L4s' long requests overlap by chance) is not overload: with the
     defaults its backlog's chance rise (6 to 16 requests) once marked the step saturated."""
-    cfg = RunConfig(fleet="llama3.1-8b-a100:2,llama3.1-8b-l4:2", workload="poisson", prompt_tokens="256:0.8",
+    cfg = RunConfig(fleet="llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2", workload="poisson", prompt_tokens="256:0.8",
                     output_tokens="48:0.8", rate_per_s=4.0, requests=240,
                     routers=["round_robin", "least_work_speed"], timeline_interval_s=None)
     run_experiment(cfg, tmp_path / "calm")

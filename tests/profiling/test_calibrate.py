@@ -20,7 +20,7 @@ from lbbench.routers import get_router
 from lbbench.sim.cluster import ClusterSim
 from lbbench.workloads.poisson import poisson
 
-SHIPPED = Path(__file__).resolve().parents[2] / "profiles" / "llama3.1-8b-a100.toml"
+SHIPPED = Path(__file__).resolve().parents[2] / "profiles" / "llama3.1-8b-a100-v0.toml"
 
 
 def _requests(seed: int = 3, n: int = 120):
@@ -33,7 +33,7 @@ def _sim(prof, reqs):
 
 
 def test_scaled_multiplies_each_half_of_the_step_model_and_its_copies():
-    p = load_profile("llama3.1-8b-a100")
+    p = load_profile("llama3.1-8b-a100-v0")
     q = scaled(p, 2.0, 3.0)
     assert q.prefill_token_s == pytest.approx(2 * p.prefill_token_s) and q.grad1 == pytest.approx(2 * p.grad1)
     assert q.base_s == pytest.approx(3 * p.base_s) and q.decode_seq_s == pytest.approx(3 * p.decode_seq_s)
@@ -50,7 +50,7 @@ def test_scaled_multiplies_each_half_of_the_step_model_and_its_copies():
 
 @pytest.mark.parametrize("true_prefill,true_decode", [(1.7, 1.7), (0.6, 2.5), (3.0, 1.2)])
 def test_fit_recovers_both_factors(true_prefill, true_decode):
-    p = load_profile("llama3.1-8b-a100").with_overrides(api_overhead_s=0.003)
+    p = load_profile("llama3.1-8b-a100-v0").with_overrides(api_overhead_s=0.003)
     reqs = _requests()
     live = [_sim(scaled(p, true_prefill, true_decode), reqs)]
     cal = fit(p, live, lambda prof: _sim(prof, reqs))
@@ -64,7 +64,7 @@ def test_fit_recovers_both_factors(true_prefill, true_decode):
 def test_one_factor_cannot_fit_what_two_do():
     """The reason for two factors: 'live' runs whose decode steps are slowed more than their prefills. One factor
     fitted to the TBT (the first version) then misses the TTFT; the two-factor fit gets both."""
-    p = load_profile("llama3.1-8b-a100").with_overrides(api_overhead_s=0.0)
+    p = load_profile("llama3.1-8b-a100-v0").with_overrides(api_overhead_s=0.0)
     reqs = _requests()
     live = [_sim(scaled(p, 1.2, 3.0), reqs)]
     target = stats(live[0])
@@ -77,7 +77,7 @@ def test_one_factor_cannot_fit_what_two_do():
 
 
 def test_fit_refuses_what_no_factor_explains():
-    p = load_profile("llama3.1-8b-a100")
+    p = load_profile("llama3.1-8b-a100-v0")
     reqs = _requests(n=40)
     live = [_sim(scaled(p, 1.0, 100.0), reqs)]
     with pytest.raises(CalibrationError, match="live mean TBT .* outside what decode-step factors"):
@@ -124,7 +124,7 @@ def test_calibrate_cli_recovers_the_emulated_engines_costs(tmp_path):
     out = tmp_path / "cal.toml"
     common = ["--workload", "poisson", "--requests", "40", "--rate", "20", "--prompt-tokens", "256:0.5",
               "--output-tokens", "64:0.5"]
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:
         eps = [a for url in fleet.endpoints for a in ("--endpoint", url)]
         res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", str(half), "--out", str(out),
                                         "--repeats", "1", *common, *eps])
@@ -143,7 +143,7 @@ def test_calibrate_cli_recovers_the_emulated_engines_costs(tmp_path):
 
 
 def test_calibrate_wants_a_toml_file():
-    res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", "llama3.1-8b-a100", "--out", "x.toml",
+    res = CliRunner().invoke(main, ["profile", "calibrate", "--profile", "llama3.1-8b-a100-v0", "--out", "x.toml",
                                     "--endpoint", "http://127.0.0.1:9"])
     assert res.exit_code == 2 and "give the measured profile's .toml file" in res.output
 
@@ -157,7 +157,7 @@ def test_split_ttft_fit_recovers_a_per_request_overhead_and_the_prefill_factor()
     from lbbench.sim.cluster import ClusterSim
     from lbbench.workloads import parse_length_spec, poisson
 
-    prof = load_profile("llama3.1-8b-a100")
+    prof = load_profile("llama3.1-8b-a100-v0")
     truth = scaled(prof, 2.0, 1.0).with_overrides(api_overhead_s=0.030)
     short = poisson(200, 4.0, 1, prompt_tokens=parse_length_spec("400:0.8", "prompt_tokens"),
                     output_tokens=parse_length_spec("64:0.5", "output_tokens"))

@@ -64,9 +64,9 @@ def test_fidelity_cli_against_emulated_instances(tmp_path):
     """serve-sim instances run the simulator's instance model behind real HTTP streams in real time, so the
     simulated and the 'live' numbers must agree (the bound is loose because on a loaded test machine the
     emulator and the client lag behind real time; a unit or pairing mistake is far outside it)."""
-    prof = load_profile("llama3.1-8b-a100")
+    prof = load_profile("llama3.1-8b-a100-v0")
     with EmulatorFleet(FleetConfig(prof, 2)) as fleet:
-        args = ["fidelity", "--profile", "llama3.1-8b-a100", "--workload", "poisson", "--requests", "40",
+        args = ["fidelity", "--profile", "llama3.1-8b-a100-v0", "--workload", "poisson", "--requests", "40",
                 "--rate", "30", "--prompt-tokens", "256:0.5", "--output-tokens", "48:0.5",
                 "--router", "round_robin,jsq", "--repeats", "2", "--format", "json", "--max-error-pct", "40", "--out", str(tmp_path / "fid")]
         for url in fleet.endpoints:
@@ -88,5 +88,5 @@ def test_fidelity_cli_against_emulated_instances(tmp_path):
 
 
 def test_fidelity_needs_one_kind_of_backend():
-    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100"])
+    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100-v0"])
     assert res.exit_code == 2 and "--endpoint" in res.output

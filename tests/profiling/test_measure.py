@@ -82,7 +82,7 @@ def test_measure_recovers_the_profile_an_emulated_engine_runs():
     so a sweep against it must read the KV cache exactly and fit coefficients close to the profile's."""
     from lbbench.profiling.measure import Sweep, run_sweep
 
-    prof = load_profile("llama3.1-8b-a100").with_overrides(chunked_prefill=True, scheduler="v1")
+    prof = load_profile("llama3.1-8b-a100-v0").with_overrides(chunked_prefill=True, scheduler="v1")
     sweep = Sweep(prefill_tokens=(16, 256, 1024, 2048), decode_batches=(1, 8, 32), decode_contexts=(16, 1024),
                   decode_tokens=24, repeats=2)
     with EmulatorFleet(FleetConfig(prof, 2)) as fleet:
@@ -105,7 +105,7 @@ def test_api_overhead_shifts_what_the_client_sees():
         def route(self, queue, view, now_s):
             return Decision(0, 0)
 
-    base = load_profile("llama3.1-8b-a100")
+    base = load_profile("llama3.1-8b-a100-v0")
     reqs = [Request(i, 0.01 * i, 100, 20) for i in range(5)]
     plain = {r.request_id: r for r in ClusterSim(base, 1, reqs).run(First())}
     lagged = {r.request_id: r for r in ClusterSim(base.with_overrides(api_overhead_s=0.004), 1, reqs).run(First())}
@@ -127,7 +127,7 @@ def test_measure_both_chunked_settings_launches_each_and_writes_two_profiles(tmp
     from lbbench.profiling import measure
 
     calls = []
-    prof = load_profile("llama3.1-8b-a100")
+    prof = load_profile("llama3.1-8b-a100-v0")
 
     @contextlib.contextmanager
     def fake_launch(model, instances, **kw):

@@ -21,7 +21,7 @@ from lbbench.profiles import load_profile
 from lbbench.profiling.residuals import binned, running_at_dispatch
 from lbbench.profiling.workload_spec import parse_workload_spec
 
-PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "llama3.1-8b-a100.toml"
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "llama3.1-8b-a100-v0.toml"
 
 
 def test_spec_by_hand(tmp_path):
@@ -154,7 +154,7 @@ def test_transfer_table_says_which_workload(tmp_path):
      "--calibrate-on", "prompt_tokens"),
 ])
 def test_transfer_refusals_are_one_line_exit_2(args, flag, problem):
-    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100", "--endpoint",
+    res = CliRunner().invoke(main, ["fidelity", "--profile", "llama3.1-8b-a100-v0", "--endpoint",
                                     "http://127.0.0.1:9", *args])
     assert res.exit_code == 2, res.output
     error_lines = [line for line in res.output.splitlines() if line.startswith("Error:")]

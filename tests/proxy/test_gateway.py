@@ -19,7 +19,7 @@ from lbbench.routers import get_router
 from lbbench.routers.heuristics import RoundRobin
 
 openai = pytest.importorskip("openai")
-PROFILE = load_profile("llama3.1-8b-a100")
+PROFILE = load_profile("llama3.1-8b-a100-v0")
 
 
 @pytest.fixture

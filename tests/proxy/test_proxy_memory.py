@@ -22,7 +22,7 @@ def test_nothing_kept_for_finished_requests(tmp_path, monkeypatch):
         seen.append(self)
     monkeypatch.setattr(replay_mod._Replay, "__init__", keep)
     reqs = poisson_requests(300, 60.0, output=(40, 120))
-    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100"), 2)) as fleet:  # streams last seconds
+    with EmulatorFleet(FleetConfig(load_profile("llama3.1-8b-a100-v0"), 2)) as fleet:  # streams last seconds
         cfg = ProxyConfig(backends=list(fleet.endpoints), router=get_router("least_requests", num_instances=2),
                           health_interval_s=0.2)
         with GatewayThread(cfg) as gw:

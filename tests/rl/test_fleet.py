@@ -20,7 +20,7 @@ FAST = InstanceSpec(max_num_seqs=8, kv_capacity_tokens=8000, min_step_s=0.01, ba
                     prefill_tokens_per_s=10000.0)
 SLOW = InstanceSpec(max_num_seqs=4, kv_capacity_tokens=2000, min_step_s=0.04, batch_decode_tokens_per_s=250.0,
                     prefill_tokens_per_s=2000.0)
-F1 = "llama3.1-8b-a100:2,llama3.1-8b-l4:2"
+F1 = "llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2"
 F1_DIR = SHIPPED_DIR / "wgrl" / "llama3.1-8b-f1-a100x2-l4x2"
 
 
@@ -72,7 +72,7 @@ def test_capacity_features_hand_computed_on_two_instances():
 
 
 def test_fleet_spec_of_a_uniform_fleet_is_the_profile_spec():
-    a100, l4 = load_profile("llama3.1-8b-a100"), load_profile("llama3.1-8b-l4")
+    a100, l4 = load_profile("llama3.1-8b-a100-v0"), load_profile("llama3.1-8b-l4-v0")
     assert FeatureSpec.from_profiles([a100] * 3) == FeatureSpec.from_profile(a100, 3)
     mixed = FeatureSpec.from_profiles([a100, l4], capacity_features=True)
     assert mixed.kv_capacity_tokens == max(a100.kv_capacity_tokens, l4.kv_capacity_tokens)
@@ -83,7 +83,7 @@ def test_router_teacher_follows_its_heuristic():
     from lbbench.routers.registry import get_router
     from lbbench.training.teachers import make_teacher
 
-    fleet = parse_fleet("llama3.1-8b-a100:1,llama3.1-8b-l4:1")
+    fleet = parse_fleet("llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:1")
     reqs = [Request(i, 0.05 * i, 300, 200, predicted_output_tokens=200) for i in range(6)]
     teacher = make_teacher("least_work_speed", fleet.profiles()[0])
     router = get_router("least_work_speed", num_instances=2)
@@ -102,7 +102,7 @@ def test_training_on_a_two_instance_mixed_fleet_smoke(tmp_path, monkeypatch):
     from lbbench.training.config import recipe
     from lbbench.training.rounds import train
 
-    cfg = recipe("imitation", fleet="llama3.1-8b-a100:1,llama3.1-8b-l4:1", rate=20.0, requests=30, episodes=2,
+    cfg = recipe("imitation", fleet="llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:1", rate=20.0, requests=30, episodes=2,
                  workers=0, bc_episodes=1, dagger_rounds=1, imitation_updates=10, learning_starts=8, batch_size=16,
                  buffer_size=2000, val_seeds=1, eval_every=2, capacity_features=True, teacher="least_work_speed")
     curve = train(cfg, tmp_path, progress=False)
@@ -134,7 +134,7 @@ def test_cli_refuses_a_bad_fleet(tmp_path):
 
     from lbbench.cli.train import train
 
-    res = CliRunner().invoke(train, ["--fleet", "llama3.1-8b-a100:x", "--out", str(tmp_path / "o")])
+    res = CliRunner().invoke(train, ["--fleet", "llama3.1-8b-a100-v0:x", "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "--fleet" in res.output
 
 
@@ -149,7 +149,7 @@ def test_shipped_f1_checkpoint_routes_the_mixed_fleet():
     assert all(r.finish_s is not None for r in recs)
     assert len({r.instance for r in recs}) >= 2
     with pytest.raises(CheckpointError, match="no shipped checkpoint for fleet"):
-        shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100:1,llama3.1-8b-l4:3")
+        shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:3")
 
 
 def test_gated_fleet_checkpoint_reports_its_fallback_routers_scores(tmp_path):
@@ -186,7 +186,7 @@ def test_fleet_lookup_prefers_the_runs_engine_scheduler(tmp_path, monkeypatch):
     monkeypatch.setattr(pol, "SHIPPED_DIR", tmp_path)
     fcfs = ship("f1", F1, "fcfs")
     prio = ship("f1-priority", F1, "priority")
-    ship("other", "llama3.1-8b-a100:1,llama3.1-8b-l4:3", "priority")
+    ship("other", "llama3.1-8b-a100-v0:1,llama3.1-8b-l4-v0:3", "priority")
     assert shipped_fleet_checkpoint("wgrl", F1) == fcfs  # no scheduler named: the FCFS one, as before
     assert shipped_fleet_checkpoint("wgrl", F1, "fcfs") == fcfs
     assert shipped_fleet_checkpoint("wgrl", parse_fleet(F1), "priority") == prio
@@ -195,5 +195,5 @@ def test_fleet_lookup_prefers_the_runs_engine_scheduler(tmp_path, monkeypatch):
     assert shipped_fleet_checkpoint("wgrl", F1, "fcfs") == fcfs
     (fcfs / pol.POLICY_FILE).unlink()
     assert shipped_fleet_checkpoint("wgrl", F1) == prio  # the only one left for the fleet
-    with pytest.raises(CheckpointError, match="shipped fleets: .*l4:2; .*l4:3"):
-        shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100:3,llama3.1-8b-l4:1")
+    with pytest.raises(CheckpointError, match="shipped fleets: .*l4-v0:2; .*l4-v0:3"):
+        shipped_fleet_checkpoint("wgrl", "llama3.1-8b-a100-v0:3,llama3.1-8b-l4-v0:1")

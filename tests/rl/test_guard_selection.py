@@ -144,7 +144,7 @@ def test_train_on_a_trace_then_run_with_the_checkpoint(tmp_path):
     out = tmp_path / "ckpt"
     runner = CliRunner()
     res = runner.invoke(main, [
-        "train", "--recipe", "paper", "--router", "wgrl", "--profile", "llama3.1-8b-a100", "--instances", "2",
+        "train", "--recipe", "paper", "--router", "wgrl", "--profile", "llama3.1-8b-a100-v0", "--instances", "2",
         "--trace", str(trace), "--max-prompt-tokens", "300", "--rate", "4", "--requests", "30",
         "--predictor", "noisy:0.79", "--episodes", "2", "--explore-episodes", "1",
         "--learning-starts", "16", "--batch-size", "16", "--buffer-size", "1000", "--val-seeds", "1",
@@ -155,7 +155,7 @@ def test_train_on_a_trace_then_run_with_the_checkpoint(tmp_path):
     assert meta["trained_on"]["workload"] == "trace:mini_azure.csv"
     assert meta["trained_on"]["predictor"] == "noisy:0.79" and meta["trained_on"]["rate_per_s"] == 4.0
     assert meta["train_config"]["trace_options"]["max_prompt_tokens"] == 300
-    res = runner.invoke(main, ["run", "--profile", "llama3.1-8b-a100", "--instances", "2",
+    res = runner.invoke(main, ["run", "--profile", "llama3.1-8b-a100-v0", "--instances", "2",
                                "--trace", str(trace), "--rate", "4", "--router", "round_robin,wgrl",
                                "--checkpoint", str(out), "--format", "json", "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output

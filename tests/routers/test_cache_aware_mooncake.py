@@ -26,7 +26,7 @@ def test_mooncake_hit_rates_through_the_cli(tmp_path):
         pytest.skip(msg)
     routers = "round_robin,cache_aware,prefix_load,session_affinity,cache_length_aware"
     res = CliRunner().invoke(main, [
-        "run", "--trace", str(TRACE), "--profile", "llama3.1-8b-a100", "--router", routers,
+        "run", "--trace", str(TRACE), "--profile", "llama3.1-8b-a100-v0", "--router", routers,
         "--prefix-caching", "on", "--max-prompt-tokens", "7000", "--prompt-overflow", "truncate",
         "--window", "400:560", "--rate", "6", "--slo", "ttft=2,tbt=0.1", "--out", str(tmp_path / "run"),
         "--format", "json"], catch_exceptions=False)

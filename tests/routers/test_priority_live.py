@@ -79,7 +79,7 @@ def test_live_priority_order_through_an_emulated_server(senders):
 
 
 def test_run_against_serve_sim_with_the_priority_scheduler(tmp_path):
-    prof_name = "llama3.1-8b-a100"
+    prof_name = "llama3.1-8b-a100-v0"
     from lbbench.profiles import load_profile
 
     with EmulatorFleet(FleetConfig(load_profile(prof_name), 2, scheduler="priority")) as fleet:

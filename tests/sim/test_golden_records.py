@@ -19,9 +19,11 @@ _spec.loader.exec_module(golden)  # type: ignore[union-attr]
 
 WANT = json.loads((Path(__file__).parent / "golden_records.json").read_text())
 CASES = dict(golden.cases())
-#: a cross-section (the full set runs in bench/sim_golden.py): V0 and V1, caching off and on, oracle and noisy
+#: a cross-section (the full set runs in bench/sim_golden.py): V0 and V1 (linear and roofline steps), caching off
+#: and on, oracle and noisy
 CHECKED = ("v100-paper/round_robin/prefix-caching-off", "v100-paper/late_binding_srpt/prefix-caching-on",
-           "v100-noisy/min_min/prefix-caching-off", "a100-v1/jsq/prefix-caching-on")
+           "v100-noisy/min_min/prefix-caching-off", "a100-v0/jsq/prefix-caching-on",
+           "a100-default/jsq/prefix-caching-on")
 
 
 def test_every_golden_case_has_a_stored_hash():

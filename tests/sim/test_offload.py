@@ -85,8 +85,8 @@ def test_loads_run_one_after_another_and_count_as_cached_tokens():
 
 
 def test_profile_fields_parse_and_default_off(tmp_path):
-    text = available_profiles()["llama3.1-8b-a100"].read_text()
-    base = load_profile("llama3.1-8b-a100")
+    text = available_profiles()["llama3.1-8b-a100-v0"].read_text()
+    base = load_profile("llama3.1-8b-a100-v0")
     assert base.cpu_offload_blocks == 0 and base.kv_bytes_per_block == 0.0
     p = tmp_path / "offload.toml"
     p.write_text(text.replace("[kv]\n", "[kv]\nenable_prefix_caching = true\ncpu_offload_blocks = 4096\n"

@@ -173,8 +173,8 @@ def test_no_sharing_gives_the_same_timings_as_caching_off(items, chunked, engine
 
 def test_profile_key_turns_caching_on(tmp_path):
     from lbbench.profiles import ProfileError, available_profiles, load_profile
-    text = available_profiles()["llama3.1-8b-a100"].read_text()
-    assert not load_profile("llama3.1-8b-a100").enable_prefix_caching
+    text = available_profiles()["llama3.1-8b-a100-v0"].read_text()
+    assert not load_profile("llama3.1-8b-a100-v0").enable_prefix_caching
     p = tmp_path / "apc.toml"
     p.write_text(text.replace("[kv]\n", "[kv]\nenable_prefix_caching = true\n"))
     prof = load_profile(p)

@@ -122,7 +122,7 @@ def test_written_trace_round_trips(tmp_path):
 
 def test_closed_loop_end_to_end(tmp_path):
     out = tmp_path / "run"
-    res = CliRunner().invoke(main, ["run", "--workload", "agentic:fork=0.3", "--profile", "llama3.1-8b-a100",
+    res = CliRunner().invoke(main, ["run", "--workload", "agentic:fork=0.3", "--profile", "llama3.1-8b-a100-v0",
                                     "--instances", "2", "--requests", "120", "--rate", "4", "--prefix-caching", "on",
                                     "--router", "kv_overlap", "--out", str(out), "--timeline-interval", "0"])
     assert res.exit_code == 0, res.output

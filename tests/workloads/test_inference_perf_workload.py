@@ -46,7 +46,7 @@ def test_bad_specs_name_the_key(text, word):
 
 
 def test_run_prints_the_intended_reuse(tmp_path):
-    res = CliRunner().invoke(main, ["run", "--workload", SPEC, "--profile", "llama3.1-8b-a100", "--instances", "2",
+    res = CliRunner().invoke(main, ["run", "--workload", SPEC, "--profile", "llama3.1-8b-a100-v0", "--instances", "2",
                                     "--requests", "300", "--rate", "5", "--prefix-caching", "on", "--router",
                                     "round_robin", "--out", str(tmp_path / "r"), "--timeline-interval", "0"])
     assert res.exit_code == 0, res.output

@@ -89,7 +89,7 @@ def test_line_says_what_was_flagged():
 
 def _run(tmp_path, *args):
     out = tmp_path / "run"
-    res = CliRunner().invoke(main, ["run", "--profile", "llama3.1-8b-a100", "--prefix-caching", "on",
+    res = CliRunner().invoke(main, ["run", "--profile", "llama3.1-8b-a100-v0", "--prefix-caching", "on",
                                     "--timeline-interval", "0", "--out", str(out), *args])
     assert res.exit_code == 0, res.output
     summary = pl.read_parquet(out / "summary.parquet")

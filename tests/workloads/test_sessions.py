@@ -58,7 +58,7 @@ def test_bad_session_specs_name_the_key():
 def test_closed_loop_in_requests_parquet(tmp_path):
     out = tmp_path / "run"
     res = CliRunner().invoke(main, [
-        "run", "--profile", "llama3.1-8b-a100", "--instances", "2", "--workload",
+        "run", "--profile", "llama3.1-8b-a100-v0", "--instances", "2", "--workload",
         "sessions:turns=4,think=2,system=512", "--rate", "8", "--requests", "300", "--router",
         "round_robin", "--prefix-caching", "on", "--out", str(out), "--format", "json"],
         catch_exceptions=False)
@@ -115,7 +115,7 @@ def test_conversation_trace_replays_closed_loop(tmp_path):
     reqs = load_session_trace(trace)
     assert len({r.session_id for r in reqs}) == 6 and {r.turn for r in reqs} == {1, 2, 3}
     out = tmp_path / "run"
-    res = CliRunner().invoke(main, ["run", "--profile", "llama3.1-8b-a100", "--instances", "2", "--trace",
+    res = CliRunner().invoke(main, ["run", "--profile", "llama3.1-8b-a100-v0", "--instances", "2", "--trace",
                                     str(trace), "--router", "session_affinity", "--prefix-caching", "on",
                                     "--out", str(out), "--format", "json"], catch_exceptions=False)
     assert res.exit_code == 0, res.output

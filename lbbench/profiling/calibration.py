@@ -13,7 +13,9 @@ A calibration is a small TOML file::
     api_overhead_s = 0.012
 
 ``lbbench profile fit --measured`` writes one; ``lbbench fidelity --measured`` reads one (``--calibration``, else
-the one shipped in ``lbbench/profiling/data/calibration.toml``, fitted on the public H100 development table).
+the one shipped in ``lbbench/profiling/data/calibration.toml``, fitted on the public H100 development table), and
+so does ``lbbench profile derive`` (and ``plan``, which derives through it): every derived profile's efficiency
+factors and front-end latency are a calibration's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..roofline import RooflineEfficiency, RooflineError
 
-SHIPPED = Path(__file__).resolve().parent.parent / "profiling" / "data" / "calibration.toml"
+SHIPPED = Path(__file__).resolve().parent / "data" / "calibration.toml"
 
 
 class CalibrationFileError(InputError):
