@@ -289,9 +289,9 @@ class SimScheduler:
                             k = min(fc - clock, kv.max_decode_steps(clock, n))
                         break
                     if self.async_scheduling and waiting and k > 1:  # re-plan when the next arrival is seen
-                        later = [r.eligible_clock for r in waiting if r.eligible_clock > clock]
-                        if later:
-                            k = min(k, min(later) - clock)
+                        seen = min((r.eligible_clock for r in waiting if r.eligible_clock > clock), default=0)
+                        if seen:
+                            k = min(k, seen - clock)
                 c = self._c
                 self.seg_a = a = self._decode_s[n] + c * (self.sum_key + n * clock + n)
                 self.seg_b = b = c * n

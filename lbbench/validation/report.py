@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
+from ..reports.html import figure, page
 from .metrics import METRICS
 
 #: the headline metrics, in the order the tables show them
@@ -98,7 +99,6 @@ def render_text(frame: pl.DataFrame, title: str = "Simulator against measured ru
 def write_outputs(frame: pl.DataFrame, out_dir: str | Path, title: str = "Simulator against measured runs") -> list[Path]:
     """``fidelity.parquet`` (the long frame), ``fidelity.txt`` and ``fidelity.html`` (tables, and a predicted
     against measured plot per headline metric when matplotlib is installed)."""
-    from ..reports.html import figure, page  # lazy: the HTML helpers sit in the reports layer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,7 @@ from ..errors import InputError
 from ..profiles import Profile, profile_from_dict
 from ..profiling.gpus import get_gpu
 from ..profiling.models import load_model_config, shipped_models
-from ..profiling.roofline_derive import (V1_GPU_MEMORY_UTILIZATION, EngineLimits, derive_roofline_profile,
-                                        v1_defaults)
+from ..profiling.roofline_derive import V1_GPU_MEMORY_UTILIZATION, EngineLimits, derive_roofline_profile
 from ..roofline import RooflineEfficiency
 from ..workloads.lengths import LognormalLength
 from ..workloads.shared_prefix import SharedPrefixSpec, Stage, shared_prefix_requests, stage_arrivals
@@ -132,6 +131,12 @@ def resolve_model(hf_id: str):
     return None
 
 
+def _whole(row: Any, col: str) -> int | None:
+    """A whole-number cell, None when empty (or 0)."""
+    v = number(row, col)
+    return int(v) if v else None
+
+
 def _async_by_default(engine: Any, version: Any) -> bool:
     """vLLM schedules asynchronously by default from 0.12 (vllm-project/vllm pull request #27614)."""
     if str(engine or "vllm").lower() != "vllm" or not version:
@@ -170,16 +175,15 @@ def build_profile(row: Any, eff: RooflineEfficiency, eff_source: str, api_overhe
     tp = int(number(row, "tp") or 1)
     weights = str(value(row, "weights_dtype") or cfg.weights_dtype or "bf16")
     kv = str(value(row, "kv_dtype") or "auto")
-    defaults = v1_defaults(gpu)
-    engine = EngineLimits(
-        max_num_seqs=int(number(row, "max_num_seqs") or defaults["max_num_seqs"]),
-        max_num_batched_tokens=int(number(row, "max_num_batched_tokens") or defaults["max_num_batched_tokens"]),
-        max_model_len=int(number(row, "max_model_len")) if number(row, "max_model_len") else None,
+    engine = EngineLimits(  # an empty limit: vLLM V1's default on this GPU (EngineLimits.resolved)
+        max_num_seqs=_whole(row, "max_num_seqs"),
+        max_num_batched_tokens=_whole(row, "max_num_batched_tokens"),
+        max_model_len=_whole(row, "max_model_len"),
         gpu_memory_utilization=number(row, "gpu_memory_utilization") or V1_GPU_MEMORY_UTILIZATION,
         long_prefill_token_threshold=int(number(row, "long_prefill_token_threshold") or 0),
         enable_prefix_caching=flag(row, "prefix_caching") is not False,  # vLLM V1 enables it by default
         async_scheduling=_async_by_default(value(row, "engine"), value(row, "engine_version")),
-        num_gpu_blocks=int(number(row, "gpu_kv_blocks")) if number(row, "gpu_kv_blocks") else None,
+        num_gpu_blocks=_whole(row, "gpu_kv_blocks"),
         cpu_offload_gib=number(row, "cpu_offload_gib") or 0.0)
     data = derive_roofline_profile(cfg, gpu, tp=tp, weights_dtype=weights, kv_dtype=kv, engine=engine, eff=eff,
                                    eff_source=eff_source, api_overhead_s=api_overhead_s,
