@@ -43,6 +43,14 @@ from .errors import InputError
 FAIRNESS = ("round_robin", "fcfs")
 #: HTTP statuses of shed requests: rejected on arrival (queue at capacity), evicted after being held (displaced)
 STATUS_REJECTED, STATUS_EVICTED = 429, 503
+#: how the error of every shed request begins (records and the proxy's HTTP answers alike)
+SHED_PREFIX = "shed by flow control"
+
+
+def shed_message(status: int) -> str:
+    """The error a request shed with ``status`` carries: rejected on arrival (429) or displaced (503)."""
+    why = "queue at capacity" if status == STATUS_REJECTED else "displaced by a higher-priority request"
+    return f"{SHED_PREFIX} ({status}): {why}"
 
 
 class AdmissionError(InputError):

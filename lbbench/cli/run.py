@@ -24,7 +24,8 @@ from ..errors import InputError
 from ..experiment import ConfigError, Reporter, RunConfig, default_out_dir, plan_all, run_experiment
 from ..kv_links import DEFAULT_LINK
 from ..live.saturation import DEFAULT_WINDOW_S
-from ..metrics.admitted import SHED_PREFIX, admitted_load_line
+from ..admission import SHED_PREFIX
+from ..metrics.admitted import admitted_load_line
 from ..metrics.prefix_check import prefix_reuse_line
 from ..metrics.summary import Slo, to_json
 from ..profiles import load_profile

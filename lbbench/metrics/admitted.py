@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
-SHED_PREFIX = "shed by flow control"
+from ..admission import SHED_PREFIX
 COLUMNS = ("shed", "admitted_rate_per_s")
 #: admitted loads within this fraction of each other count as the same
 SAME_LOAD = 0.01

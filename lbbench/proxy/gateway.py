@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import aiohttp
 from aiohttp import web
 
-from ..admission import AdmissionSpec, Tenant
+from ..admission import AdmissionSpec, Tenant, shed_message
 from ..core import Failed, Finished, InstanceSpec, Request
 from ..live.drive import Drive, probe_health
 from ..live.memtrace import MemTrace
@@ -254,8 +254,7 @@ class Gateway:
                 inst = await self._route(req)
             except _Shed as shed:
                 self.metrics.count(str(shed.status))
-                why = "queue at capacity" if shed.status == 429 else "displaced by a higher-priority request"
-                return web.json_response({"error": {"message": f"shed by flow control: {why}",
+                return web.json_response({"error": {"message": shed_message(shed.status),
                                                     "type": "overloaded"}}, status=shed.status)
             url = self.cfg.backends[inst] + request.path
             self.metrics.in_flight[inst] += 1

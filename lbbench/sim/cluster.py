@@ -60,7 +60,7 @@ from dataclasses import replace
 from enum import IntEnum
 from typing import Callable, Iterable, NamedTuple, Sequence
 
-from ..admission import STATUS_REJECTED, AdmissionSpec, FlowController
+from ..admission import AdmissionSpec, FlowController, shed_message
 from ..core import (ClusterState, ClusterView, Decision, Event, Failed, Finished, FirstToken, InstanceSpec,
                     MetricsSample, Request, RequestRecord, StepsAdvanced, chain_sessions)
 from ..dispatch import Dispatcher, Router
@@ -233,11 +233,10 @@ class ClusterSim:
 
     def _record_shed(self, req: Request, status: int) -> None:
         """The record of a request flow control shed now: no instance, its status and why."""
-        why = "queue at capacity" if status == STATUS_REJECTED else "displaced by a higher-priority request"
         self.records.append(RequestRecord.for_request(
             req, run_id=self.run_id, router=self.router_name, seed=self.seed, instance=-1, dispatch_s=self.now_s,
             first_token_s=None, finish_s=None, generated_tokens=0, http_status=status,
-            error=f"shed by flow control ({status}): {why}"))
+            error=shed_message(status)))
         self.num_completed += 1
         nxt = self._next_turn.pop(req.request_id, None)
         if nxt is not None:  # the session goes on after the refusal, as after a failure
