@@ -1,7 +1,8 @@
 """The links a request's KV crosses from a prefill instance to a decode instance, and how many bytes it is.
 
 A transfer of ``n`` bytes over a link of bandwidth ``B`` (bytes/s, one direction) and latency ``L`` takes
-``L + n / B``. Named links (``--kv-link NAME``), one direction each, physics from datasheets:
+``L + n / B``. Named links (``--kv-link NAME``), one direction each, physics from datasheets except ``pcie5``,
+which is measured:
 
 | name | bandwidth | what it is |
 |---|---|---|
@@ -9,12 +10,19 @@ A transfer of ``n`` bytes over a link of bandwidth ``B`` (bytes/s, one direction
 | ``nvlink3`` | 300 GB/s | NVLink 3 (A100 SXM datasheet: 600 GB/s bidirectional) |
 | ``rdma-400g`` | 50 GB/s | one 400 Gb/s InfiniBand / RoCE NIC per GPU (NVIDIA ConnectX-7, as a DGX H100 has: 8 x 400 Gb/s) |
 | ``rdma-200g`` | 25 GB/s | one 200 Gb/s NIC per GPU (ConnectX-6, as a DGX A100 has: 8 x 200 Gb/s) |
-| ``pcie5`` | 64 GB/s | PCIe 5.0 x16 (128 GB/s bidirectional), e.g. through host memory |
+| ``pcie5`` | 55 GB/s | PCIe 5.0 x16 through pinned host memory, **measured** (below; the datasheet says 64 GB/s) |
 | ``pcie4`` | 32 GB/s | PCIe 4.0 x16 (64 GB/s bidirectional) |
 
-The same figures as ``lbbench.profiling.gpus`` (``link_bytes_s``, ``host_link_bytes_s``). The latencies are
-assumptions (a transfer's fixed cost: posting the read, the completion, the connector's bookkeeping): 5 us on
-NVLink, 20 us over RDMA, 10 us on PCIe. ``BYTES_S[@LATENCY_S]`` (``--kv-link 40e9@50e-6``) gives any other link;
+The datasheet links are the figures of ``lbbench.profiling.gpus`` (``link_bytes_s``, ``host_link_bytes_s``), and
+their latencies are assumptions (a transfer's fixed cost: posting the read, the completion, the connector's
+bookkeeping): 5 us on NVLink, 20 us over RDMA. ``pcie5`` is what ``bench/gpu_kv_copy.py`` measured on an H200
+host (PCIe Gen 5 x16, torch 2.11, CUDA 13.0; ``bench/data/h200_kv_copy.json``): one contiguous copy to or from
+pinned host memory reaches 54.5-55.3 GB/s from 64 MiB up, and ``8 us + n / 55.3 GB/s`` fits device-to-host
+copies of 1 MiB to 1 GiB within 3.4 %. That is a connector that gathers a request's blocks first (measured: a
+gather into one buffer, then one copy, 51-54 GB/s for 1,024-16,384 tokens of Llama-3.1-8B); one that copies
+block by block (32 KiB per layer, K or V, and 16-token block) reached only 10.3-11.6 GB/s, 2.8-3.2 us per
+copy, even replayed from a CUDA graph: give such a connector ``--kv-link 11e9@8e-6``. ``pcie4`` stays the
+datasheet's half of 64 GB/s, with 10 us assumed. ``BYTES_S[@LATENCY_S]`` (``--kv-link 40e9@50e-6``) gives any other link;
 ``NAME@LATENCY_S`` overrides a named link's latency.
 
 A request's KV is ``kv_bytes_per_token(profile)`` bytes per token: the profile's ``[kv] kv_bytes_per_block``
@@ -59,7 +67,7 @@ LINKS: dict[str, KVLink] = {
     "nvlink3": KVLink("nvlink3", 300e9, 5e-6),
     "rdma-400g": KVLink("rdma-400g", 50e9, 20e-6),
     "rdma-200g": KVLink("rdma-200g", 25e9, 20e-6),
-    "pcie5": KVLink("pcie5", 64e9, 10e-6),
+    "pcie5": KVLink("pcie5", 55e9, 8e-6),
     "pcie4": KVLink("pcie4", 32e9, 10e-6),
 }
 DEFAULT_LINK = "rdma-400g"
