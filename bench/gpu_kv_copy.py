@@ -24,45 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_profile import Timer  # noqa: E402  (median of CUDA-event timings, the wall clock on a CPU)
+
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2  # K and V, bf16: 128 KiB
-
-
-class Timer:
-    """Median seconds of ``fn`` over ``reps`` runs (CUDA events on a GPU, the wall clock on a CPU)."""
-
-    def __init__(self, dev: str):
-        self.dev = dev
-
-    def median_s(self, fn, reps: int, warmup: int = 2) -> float:
-        for _ in range(warmup):
-            fn()
-        self._sync()
-        times = []
-        for _ in range(reps):
-            if self.dev == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    def _sync(self) -> None:
-        if self.dev == "cuda":
-            torch.cuda.synchronize()
 
 
 def fit_line(points: list[tuple[float, float]]) -> dict[str, float]:
@@ -83,8 +55,8 @@ def contiguous(dev: str, timer: Timer, sizes: list[int], reps: int) -> list[dict
         gpu = torch.empty(n, dtype=torch.uint8, device=dev)
         for host_kind in ("pinned", "pageable"):
             host = torch.empty(n, dtype=torch.uint8, pin_memory=(host_kind == "pinned" and dev == "cuda"))
-            h2d = timer.median_s(lambda: gpu.copy_(host, non_blocking=True), reps)
-            d2h = timer.median_s(lambda: host.copy_(gpu, non_blocking=True), reps)
+            h2d = timer(lambda: gpu.copy_(host, non_blocking=True), reps)
+            d2h = timer(lambda: host.copy_(gpu, non_blocking=True), reps)
             rows.append({"bytes": n, "host": host_kind, "h2d_s": h2d, "d2h_s": d2h})
             del host
         del gpu
@@ -138,11 +110,11 @@ def paged(dev: str, timer: Timer, tokens: list[int], reps: int, pool_blocks: int
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     fn()
-                row[f"{name}_s"] = timer.median_s(graph.replay, reps)
-                row[f"{name}_eager_s"] = timer.median_s(fn, max(3, reps // 3), warmup=1)
+                row[f"{name}_s"] = timer(graph.replay, reps)
+                row[f"{name}_eager_s"] = timer(fn, max(3, reps // 3), warmup=1)
                 del graph
             else:
-                row[f"{name}_s"] = timer.median_s(fn, reps)
+                row[f"{name}_s"] = timer(fn, reps)
         rows.append(row)
         del host, staging
     return rows
@@ -178,7 +150,7 @@ def main() -> int:
     else:
         sizes = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
         tokens, reps, pool = [256, 1024, 4096, 16384], args.reps, 4096
-    timer = Timer(dev)
+    timer = Timer(torch.device(dev))
     t0 = time.monotonic()
     cont = contiguous(dev, timer, sizes, reps)
     pag = paged(dev, timer, tokens, max(5, reps // 2), pool)
