@@ -13,10 +13,13 @@ engine that replays graphs), writing one JSON file:
 - ``attention_prefill``: one layer of causal prefill attention by prompt length;
 - ``decode_step``: a whole Llama-3.1-8B-shaped decode step (32 blocks with their own weights, attention over a
   KV cache, the LM head) by batch at two contexts, bf16;
-- ``prefill_step``: the same model's forward over one prompt of T tokens.
+- ``prefill_step``: the same model's forward over one prompt of T tokens;
+- ``mixed_steps``: the step a chunked-prefill engine runs, B decoding sequences and a prefill chunk of P tokens in
+  one forward (the GEMMs over B + P tokens at once, each part's attention apart), beside the same B alone: what a
+  prefill chunk costs the decodes that share its step (the interference prefill/decode disaggregation removes).
 
 Weights are random (timing does not depend on values). Several copies of small weights are cycled so that the L2
-cache does not serve a repeated read. Run: ``python bench/gpu_kernels.py --out DIR [--budget-s 300]``; sections
+cache does not serve a repeated read. Run: ``python bench/gpu_kernels.py --out DIR [--budget-s 300] [--sections a,b]``; sections
 past the time budget are skipped and said so. ``--dry-run`` checks the script on a CPU with tiny shapes.
 """
 
@@ -337,6 +340,24 @@ class Model:
             x = x + blk.down(F.silu(gu[:, : blk.inter]) * gu[:, blk.inter:])
         return rms_norm(x, self.blocks[0].n1) @ self.lm_head.t()
 
+    def mixed(self, xd: torch.Tensor, xp: torch.Tensor) -> torch.Tensor:
+        """One chunked-prefill step: ``xd`` (B decode tokens, KV cache of the model's context) and ``xp`` (a
+        P-token prefill chunk) share every GEMM; attention runs per part."""
+        b, n = xd.shape[0], xp.shape[0]
+        x = torch.cat([xd, xp])
+        for blk, k, v in zip(self.blocks, self.k, self.v):
+            qkv = blk.qkv(rms_norm(x, blk.n1))
+            qd = qkv[:b, : self.hq * HEAD_DIM].view(b, self.hq, 1, HEAD_DIM)
+            ad = _sdpa(qd, k, v, False).reshape(b, self.hq * HEAD_DIM)
+            qp = qkv[b:, : self.hq * HEAD_DIM].view(n, self.hq, HEAD_DIM).transpose(0, 1).unsqueeze(0)
+            kp = qkv[b:, self.hq * HEAD_DIM:(self.hq + self.hkv) * HEAD_DIM].view(n, self.hkv, HEAD_DIM)
+            vp = qkv[b:, (self.hq + self.hkv) * HEAD_DIM:].view(n, self.hkv, HEAD_DIM)
+            ap = _sdpa(qp, kp.transpose(0, 1).unsqueeze(0), vp.transpose(0, 1).unsqueeze(0), True)
+            x = x + blk.o(torch.cat([ad, ap.squeeze(0).transpose(0, 1).reshape(n, self.hq * HEAD_DIM)]))
+            gu = blk.gate_up(rms_norm(x, blk.n2))
+            x = x + blk.down(F.silu(gu[:, : blk.inter]) * gu[:, blk.inter:])
+        return rms_norm(x[:b], self.blocks[0].n1) @ self.lm_head.t()
+
     def prefill(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         for blk in self.blocks:
@@ -391,12 +412,44 @@ def section_steps(dev: str, dry: bool, clock: Clock) -> dict:
     return out
 
 
+def section_mixed_steps(dev: str, dry: bool, clock: Clock) -> list[dict]:
+    """B decodes at a 1,024-token context with and without a P-token prefill chunk in the same step."""
+    ctx, batches, chunks = (1024, (16, 64, 128), (0, 256, 512, 1024, 2048)) if not dry else (32, (2,), (0, 16))
+    out = []
+    model = Model(dev, dry, max(batches), ctx)
+    for n in chunks[1:]:  # the chunk alone, for the sum
+        xp = torch.randn(n, model.h, device=dev, dtype=torch.bfloat16)
+        with torch.no_grad():
+            s = time_fn(lambda xp=xp: model.prefill(xp), dev, reps=3)
+        out.append({"batch": 0, "context_tokens": ctx, "prefill_chunk_tokens": n, "step_s": s})
+        print(f"  prefill chunk P {n} alone: {s * 1e3:.3f} ms", flush=True)
+    for b in batches:
+        ks, vs = model.k, model.v
+        model.k, model.v = [k[:b] for k in ks], [v[:b] for v in vs]
+        xd = torch.randn(b, model.h, device=dev, dtype=torch.bfloat16)
+        for n in chunks:
+            if clock.left_s() < 20:
+                out.append({"skipped": f"mixed B {b} P {n}: time budget"})
+                continue
+            xp = torch.randn(n, model.h, device=dev, dtype=torch.bfloat16)
+            with torch.no_grad():
+                fn = (lambda: model.decode(xd)) if n == 0 else (lambda xp=xp: model.mixed(xd, xp))
+                s = time_fn(fn, dev, reps=3)
+            out.append({"batch": b, "context_tokens": ctx, "prefill_chunk_tokens": n, "step_s": s})
+            print(f"  mixed step B {b} + P {n}: {s * 1e3:.3f} ms", flush=True)
+        model.k, model.v = ks, vs
+    del model
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_kernels.json")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new measurements after this")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (checks the script)")
+    ap.add_argument("--sections", default="", help="comma-separated sections to run (default: all)")
     args = ap.parse_args()
+    only = {x for x in args.sections.split(",") if x}
     dev = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
     dry = args.dry_run or dev == "cpu"
     clock = Clock(args.budget_s)
@@ -420,7 +473,10 @@ def main() -> int:
                      ("attention_decode", lambda: section_attention_decode(dev, dry, clock)),
                      ("block_linear", lambda: section_block_linear(dev, dry, clock, ("bf16",))),
                      ("block_linear_fp8", lambda: section_block_linear(dev, dry, clock, ("fp8",) if fp8_ok else ())),
-                     ("attention_prefill", lambda: section_attention_prefill(dev, dry, clock))):
+                     ("attention_prefill", lambda: section_attention_prefill(dev, dry, clock)),
+                     ("mixed_steps", lambda: section_mixed_steps(dev, dry, clock))):
+        if only and name not in only:
+            continue
         t0 = time.monotonic()
         try:
             res[name] = fn()

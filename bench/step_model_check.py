@@ -8,7 +8,9 @@ Three measured sources, none of them used to fit the shipped calibration's overh
 - whole decode steps of a Llama-3.1-8B-shaped stack on an H200 timed with torch (``bench/gpu_kernels.py``, kept in
   ``lbbench/profiling/data/h200_torch_kernels.json``): unfused torch elementwise kernels, so they are slower than an
   engine's fused ones by the extra passes;
-- the same file's prefill forwards (one prompt of T tokens).
+- the same file's prefill forwards (one prompt of T tokens);
+- and its mixed steps (``mixed_steps``: B decodes at a 1,024-token context sharing one forward with a P-token
+  prefill chunk, as a chunked-prefill engine runs them): what a chunk costs the decodes beside it.
 
 Usage: python bench/step_model_check.py [--calibration FILE]
 """
@@ -73,6 +75,19 @@ def main() -> None:
         pred = m.decode_s(0) + m.prefill_s([(0, r["prompt_tokens"])], 0) - eff.step_overhead_s
         print(f"{'prefill %d' % r['prompt_tokens']:24} {r['step_s'] * 1e3:12.2f} {pred * 1e3:12.2f} "
               f"{(pred / r['step_s'] - 1) * 100:+7.1f}%")
+
+    print("\nMixed steps on the H200: B decodes (context 1,024) + a P-token chunk in one forward, against the roofline:")
+    print(f"{'step':24} {'measured ms':>12} {'roofline ms':>12} {'error':>8} {'x decode alone':>15} {'roofline x':>11}")
+    mixed = data.get("mixed_steps", [])
+    alone = {r["batch"]: r["step_s"] for r in mixed if r.get("prefill_chunk_tokens") == 0}
+    for r in mixed:
+        if "step_s" not in r or r["batch"] == 0:
+            continue
+        b, n, ctx = r["batch"], r["prefill_chunk_tokens"], r["context_tokens"]
+        pred = m.step_time_s(n, b, b * ctx) - eff.step_overhead_s
+        pred0 = m.step_time_s(0, b, b * ctx) - eff.step_overhead_s
+        print(f"{'B=%d + P=%d' % (b, n):24} {r['step_s'] * 1e3:12.2f} {pred * 1e3:12.2f} "
+              f"{(pred / r['step_s'] - 1) * 100:+7.1f}% {r['step_s'] / alone[b]:15.2f} {pred / pred0:11.2f}")
 
 
 if __name__ == "__main__":
