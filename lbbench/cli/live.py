@@ -161,7 +161,7 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
                       port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
-                      allow_kill=allow_kill, roles=roles, kv_link=kv_link)
+                      allow_kill=allow_kill, kv_link=kv_link)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

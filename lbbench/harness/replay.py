@@ -600,7 +600,8 @@ class _Replay:
             self._cancelled(req, inst, dispatch_s, planned_s, now)
 
     def _cancelled(self, req: Request, inst: int, dispatch_s: float, planned_s: float, now: float) -> None:
-        self.drive.observe(Failed(req.request_id, inst, now, CANCELLED))
+        at = self.state.instance_of(req.request_id)  # a pair's prefill instance until its first token
+        self.drive.observe(Failed(req.request_id, inst if at is None else at, now, CANCELLED))
         self.failure_times[req.request_id] = now
         self._record(req, inst, dispatch_s, planned_s, None, CANCELLED)
 

@@ -80,7 +80,7 @@ def _post(url: str, body: dict, headers: dict | None = None) -> tuple[dict, dict
 def test_prefill_then_decode_on_emulated_instances_waits_the_hand_computed_transfer():
     """A 1 GB/s link with 0.5 s latency; a 101-token prompt moves 100 x 131,072 = 13,107,200 B: 0.5131072 s."""
     prof = load_profile("llama3.1-8b-a100")
-    with EmulatorFleet(FleetConfig(prof, 2, roles=["prefill", "decode"], kv_link="1e9@0.5")) as fleet:
+    with EmulatorFleet(FleetConfig(prof, 2, kv_link="1e9@0.5")) as fleet:
         pre, dec = fleet.endpoints
         body = {"prompt": list(range(101)), "max_tokens": 4}
         answer, _ = _post(pre, pd.prefill_body(body))  # step 2, as an outside sidecar would send it

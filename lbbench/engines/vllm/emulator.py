@@ -22,10 +22,10 @@ listening and drops every open connection, as a crashed server would. A fleet
 started with ``allow_kill`` (``serve-sim --allow-kill``) also lets a client crash
 one instance with ``POST /lbbench/kill``.
 
-A fleet with prefill/decode roles (``serve-sim --fleet NAME:N:prefill,NAME:N:decode``) speaks llm-d's P/D sidecar
-protocol (``lbbench.engines.vllm.pd``): any instance takes a prefill leg or a remote-prefill decode, and a
-request sent with the ``x-prefiller-host-port`` header is prefilled there first, its KV moved over the fleet's
-link (``--kv-link``), then decoded here.
+Every instance speaks llm-d's P/D sidecar protocol (``lbbench.engines.vllm.pd``): it takes a prefill leg or a
+remote-prefill decode, and a request sent with the ``x-prefiller-host-port`` header is prefilled there first, its
+KV moved over the fleet's link (``FleetConfig.kv_link``), then decoded here. A fleet's roles
+(``serve-sim --fleet NAME:N:prefill,NAME:N:decode``) are for the routers in front of it.
 """
 
 from __future__ import annotations
@@ -139,9 +139,8 @@ class EmulatedInstance:
 
     def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
                  scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False,
-                 role: str = "mixed", fabric: KVFabric | None = None):
+                 fabric: KVFabric | None = None):
         self.profile = profile
-        self.role = role
         #: the link its KV transfers book (one per fleet; ``lbbench.engines.vllm.pd``)
         self.fabric = fabric if fabric is not None else KVFabric(LINKS[DEFAULT_LINK])
         self.landed: "deque[pd._Landing]" = deque()  # KV landed, waiting for blocks (``pd.admit``)
@@ -309,8 +308,7 @@ class EmulatedInstance:
         landed and its blocks fit."""
         s = self._new_stream(prompt_tokens, output_tokens, priority)
         try:
-            await pd.receive_kv(self, s.rid, Request(s.rid, self.now(), prompt_tokens, output_tokens), params,
-                                timing)
+            await pd.receive_kv(self, Request(s.rid, self.now(), prompt_tokens, output_tokens), params, timing)
         except BaseException:
             self.streams.pop(s.rid, None)
             self._priority.pop(s.rid, None)
@@ -514,9 +512,9 @@ class FleetConfig:
     scheduler: str = "fcfs"
     chunked_prefill: bool | None = None
     allow_kill: bool = False  # serve POST /lbbench/kill (fault injection)
-    #: one role per instance (``lbbench.fleet.ROLES``; None: every one ``mixed``)
-    roles: list[str] | None = None
-    kv_link: str = DEFAULT_LINK  # the link between the fleet's instances (``lbbench.kv_links.parse_kv_link``)
+    #: the link between the fleet's instances for prefill/decode (``lbbench.kv_links.parse_kv_link``); any instance
+    #: takes either leg (``lbbench.engines.vllm.pd``), a fleet's roles are for its routers
+    kv_link: str = DEFAULT_LINK
 
     def instance_profiles(self) -> list[Profile]:
         return list(self.profiles) if self.profiles is not None else [self.profile] * self.num_instances
@@ -526,13 +524,10 @@ async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
     """Start one emulated server per instance, each timed by its own profile, on consecutive (or free) ports."""
     out = []
     fabric = KVFabric(parse_kv_link(cfg.kv_link))
-    profiles = cfg.instance_profiles()
-    roles = cfg.roles or ["mixed"] * len(profiles)
-    for i, profile in enumerate(profiles):
+    for i, profile in enumerate(cfg.instance_profiles()):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
         inst = EmulatedInstance(profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
-                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill, role=roles[i],
-                                fabric=fabric)
+                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill, fabric=fabric)
         try:
             await inst.start(cfg.host, port)
         except OSError as exc:

@@ -195,7 +195,7 @@ async def run_sidecar(inst: "EmulatedInstance", request: "web.Request", body: di
                                   timing={"prefill_s": inst._loop.time() - t0})
 
 
-async def receive_kv(inst: "EmulatedInstance", rid: int, request: Request, params: dict,
+async def receive_kv(inst: "EmulatedInstance", request: Request, params: dict,
                      timing: dict[str, float]) -> None:
     """Step 4 on the decode instance: wait for the transfer booked on the fleet's fabric, then until the engine
     takes the KV (``admit`` from the instance's driver). Fills ``timing``."""
