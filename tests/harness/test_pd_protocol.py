@@ -123,3 +123,23 @@ def test_endpoints_carry_roles_as_fleet_entries():
     cfg = RunConfig(endpoints=cfg.endpoints, routers=["pd_llmd"], stream_workers=2, instances=3)
     with pytest.raises(ConfigError, match="streams from the dispatcher"):
         cfg.check(load_profile("llama3.1-8b-a100"))
+
+
+@pytest.mark.parametrize("args, flag, says", [
+    (("serve-sim", "--fleet", "llama3.1-8b-a100:1:prefill,llama3.1-8b-a100:1:decode", "--kv-link", "0"),
+     "--kv-link", "bandwidth > 0"),
+    (("serve-sim", "--fleet", "llama3.1-8b-a100:1:prefill"), "--fleet", "none that decodes"),
+    (("proxy", "--endpoint", "http://a:1", "--router", "pd_llmd"), "--router", "backends with roles"),
+    (("proxy", "--endpoint", "http://a:1@llama3.1-8b-a100:prefill", "--endpoint", "http://b:2@llama3.1-8b-a100:decode",
+      "--router", "jsq"), "--router", "need a pair router"),
+    (("run", "--endpoint", "http://a:1@llama3.1-8b-a100:prefill", "--endpoint", "http://b:2@llama3.1-8b-a100:decode",
+      "--router", "jsq", "--requests", "5"), "--router", "needs a pair router"),
+])
+def test_bad_live_pd_input_is_refused_naming_the_flag(args, flag, says):
+    from click.testing import CliRunner
+
+    from lbbench.cli import main
+
+    res = CliRunner().invoke(main, list(args))
+    assert res.exit_code == 2, res.output
+    assert flag in res.output and says in res.output, res.output
