@@ -32,29 +32,43 @@ def run_json(args: list[str]) -> list[dict]:
     return json.loads(out.stdout)
 
 
-def main() -> None:
+def arguments(**defaults: str) -> argparse.ArgumentParser:
+    """The script's options (``defaults`` override the mixed fleet's, for ``pd_live_vs_sim.py``)."""
+    d = {"fleet": "llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2",
+         "routers": "round_robin,weighted_round_robin,least_requests,least_work_speed", "prompt_tokens": "256:0.8",
+         "output_tokens": "48:0.8", "rate": "4", "requests": "240", "kv_link": None, **defaults}
     ap = argparse.ArgumentParser()
-    ap.add_argument("--fleet", default="llama3.1-8b-a100-v0:2,llama3.1-8b-l4-v0:2")
-    ap.add_argument("--routers", default="round_robin,weighted_round_robin,least_requests,least_work_speed")
+    ap.add_argument("--fleet", default=d["fleet"])
+    ap.add_argument("--routers", default=d["routers"])
     ap.add_argument("--workload", default="poisson")
-    ap.add_argument("--prompt-tokens", default="256:0.8")
-    ap.add_argument("--output-tokens", default="48:0.8")
-    ap.add_argument("--rate", default="4")
-    ap.add_argument("--requests", default="240")
+    ap.add_argument("--prompt-tokens", default=d["prompt_tokens"])
+    ap.add_argument("--output-tokens", default=d["output_tokens"])
+    ap.add_argument("--rate", default=d["rate"])
+    ap.add_argument("--requests", default=d["requests"])
+    ap.add_argument("--kv-link", default=d["kv_link"], help="P/D fleets: the link (both sides)")
     ap.add_argument("--seed", default="0")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--port", type=int, default=8310)
     ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    live_vs_sim(arguments().parse_args())
+
+
+def live_vs_sim(a: argparse.Namespace) -> dict:
+    """Run the comparison and print its table; returns what ``result.json`` holds."""
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--workload", a.workload, "--prompt-tokens", a.prompt_tokens, "--output-tokens", a.output_tokens,
               "--rate", a.rate, "--requests", a.requests, "--seed", a.seed, "--timeline-interval", "0"]
+    link = ["--kv-link", a.kv_link] if a.kv_link else []
     routers = a.routers.split(",")
 
     eps = out / "endpoints.txt"
     server = subprocess.Popen(LBBENCH + ["serve-sim", "--fleet", a.fleet, "--port", str(a.port),
-                                         "--endpoints-file", str(eps)],
+                                         "--endpoints-file", str(eps), *link],
                               stdout=open(out / "serve-sim.log", "w"), stderr=subprocess.STDOUT)
     try:
         for _ in range(300):
@@ -65,7 +79,8 @@ def main() -> None:
         print("endpoints:", eps.read_text().split(), flush=True)
         sim, live, loads = {}, {r: [] for r in routers}, []
         for rep in range(a.repeats):
-            for row in run_json(["--fleet", a.fleet, "--router", a.routers, *common, "--out", str(out / f"sim-{rep}")]):
+            for row in run_json(["--fleet", a.fleet, "--router", a.routers, *common, *link,
+                                 "--out", str(out / f"sim-{rep}")]):
                 sim[row["router"]] = row
             order = routers[rep % len(routers):] + routers[:rep % len(routers)]
             loads.append(loadavg())
@@ -73,7 +88,8 @@ def main() -> None:
             # --no-saturation-stop: the saturation detector's default (backlog growing by > rate/10 req/s and >= 8
             # requests over 10 s) fires on this light load's fluctuations (the simulator marks the same runs), and a
             # live run would stop sending there; here every request is sent, as in the simulator.
-            for row in run_json(["--endpoints", str(eps), "--router", ",".join(order), *common, "--no-saturation-stop",
+            for row in run_json(["--endpoints", str(eps), "--router", ",".join(order), *common, *link,
+                                 "--no-saturation-stop",
                                  "--out", str(out / f"live-{rep}")]):
                 live[row["router"]].append(row)
             print(f"repeat {rep} done: load average {loadavg()}", flush=True)
@@ -103,8 +119,9 @@ def main() -> None:
     print("ranking sim :", rank_sim)
     print("ranking live:", rank_live, "(agrees)" if rank_sim == rank_live else "(differs)")
     print("load averages before live repeats:", loads)
-    (out / "result.json").write_text(json.dumps({"rows": result, "rank_sim": rank_sim, "rank_live": rank_live,
-                                                 "loadavg": loads, "args": vars(a)}, indent=1))
+    doc = {"rows": result, "rank_sim": rank_sim, "rank_live": rank_live, "loadavg": loads, "args": vars(a)}
+    (out / "result.json").write_text(json.dumps(doc, indent=1))
+    return doc
 
 
 if __name__ == "__main__":

@@ -132,6 +132,13 @@ class Fleet:
         return parse_fleet(str(data["spec"]))
 
 
+def split_role(ref: str) -> tuple[str, str]:
+    """``PROFILE:ROLE`` (an attached endpoint's ``URL@PROFILE:ROLE``) -> ``(PROFILE, ROLE)``; a ``PROFILE`` with
+    no known role after its last colon -> ``(PROFILE, "mixed")``."""
+    head, sep, role = ref.rpartition(":")
+    return (head.strip(), role.strip()) if sep and head.strip() and role.strip() in ROLES else (ref, "mixed")
+
+
 def parse_fleet(text: str) -> Fleet:
     """``"llama3.1-8b-a100:2,llama3.1-8b-l4:2"`` or ``"llama3.1-8b-h100:2:prefill,llama3.1-8b-a100:4:decode"``
     → a ``Fleet``; raises ``FleetError``."""

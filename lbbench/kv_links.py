@@ -73,6 +73,32 @@ LINKS: dict[str, KVLink] = {
 DEFAULT_LINK = "rdma-400g"
 
 
+class KVFabric:
+    """Transfers on one link kind between endpoints (an instance's NIC or NVLink port, one direction each): a
+    transfer holds its source's egress and its destination's ingress for its whole duration, so transfers that
+    share an endpoint are **serialized, first come first served** (no bandwidth sharing). Endpoints are any
+    hashable keys (instance indices in the simulator, engine ids in ``serve-sim``); times on any one clock.
+    The one transfer model of both: ``lbbench.sim.disagg`` and ``lbbench.engines.vllm.pd``."""
+
+    def __init__(self, link: KVLink):
+        self.link = link
+        self._egress_free_s: dict = {}
+        self._ingress_free_s: dict = {}
+
+    def reserve(self, src, dst, now_s: float, num_bytes: float) -> tuple[float, float]:
+        """Book a transfer of ``num_bytes`` from ``src`` to ``dst`` asked for at ``now_s``: ``(start_s, end_s)``,
+        the start when both endpoints are free."""
+        start = max(now_s, self._egress_free_s.get(src, now_s), self._ingress_free_s.get(dst, now_s))
+        end = start + self.link.transfer_s(num_bytes)
+        self._egress_free_s[src] = self._ingress_free_s[dst] = end
+        return start, end
+
+    def copy(self) -> "KVFabric":
+        new = KVFabric(self.link)
+        new._egress_free_s, new._ingress_free_s = dict(self._egress_free_s), dict(self._ingress_free_s)
+        return new
+
+
 def parse_kv_link(text: str) -> KVLink:
     """``NAME``, ``NAME@LATENCY_S`` or ``BYTES_S[@LATENCY_S]`` → a ``KVLink``; raises ``KVLinkError``."""
     head, _, lat_text = text.strip().partition("@")

@@ -19,6 +19,7 @@ from ..engines.vllm.launcher import LaunchError
 from ..engines.vllm.launcher import launch as launch_servers  # `launch` is this module's command
 from ..experiment.config import profile_ref
 from ..fleet import FleetError, parse_fleet
+from ..kv_links import DEFAULT_LINK, KVLinkError, kv_bytes_per_token, parse_kv_link
 from ..profiles import ProfileError
 from .flags import (api_server_option, cpus_per_instance_option, log_dir_option, port_option, user_message,
                     vllm_python_option)
@@ -99,9 +100,12 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
 @click.option("--profile", default=None,
               help="Profile name or .toml path timing each instance (`zero`: steps of 1 us, for "
                    "client benchmarks)  [default: llama3.1-8b-a100].")
-@click.option("--fleet", default=None, metavar="PROFILE:N[,PROFILE:N...]",
+@click.option("--fleet", default=None, metavar="PROFILE:N[:ROLE][,PROFILE:N[:ROLE]...]",
               help="A mixed fleet, as `lbbench run --fleet`: each instance timed by its entry's profile (replaces "
-                   "--profile and --instances). Endpoints are printed as URL@PROFILE, for `lbbench run --endpoint`.")
+                   "--profile and --instances). Endpoints are printed as URL@PROFILE (URL@PROFILE:ROLE with "
+                   "prefill/decode roles: llm-d's P/D sidecar protocol), for `lbbench run --endpoint`.")
+@click.option("--kv-link", default=DEFAULT_LINK, show_default=True, metavar="NAME|BYTES_S[@LATENCY_S]",
+              help="The link a P/D fleet's KV crosses (as `lbbench run --kv-link`).")
 @click.option("--port", "port_base", type=click.IntRange(1, 65535), default=8200, show_default=True,
               help="Port of the first instance; the others follow.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -115,9 +119,9 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
               help="Also write the endpoint URLs to this file.")
 @click.option("--allow-kill", is_flag=True,
               help="Fault injection: POST /lbbench/kill to an instance crashes it (drops its connections).")
-def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None, port_base: int, host: str,
-                  model_name: str | None, instance_scheduler: str, chunked_prefill: str, endpoints_file: str | None,
-                  allow_kill: bool) -> None:
+def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None, kv_link: str, port_base: int,
+                  host: str, model_name: str | None, instance_scheduler: str, chunked_prefill: str,
+                  endpoints_file: str | None, allow_kill: bool) -> None:
     """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator.
 
     \b
@@ -125,19 +129,30 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
       lbbench serve-sim --profile llama3.1-8b-a100 --instances 2
       lbbench serve-sim --fleet llama3.1-8b-a100:1,llama3.1-8b-l4:1 --endpoints-file eps.txt
       lbbench run --endpoints eps.txt --router least_work_speed     # routers assume each URL@PROFILE
+      lbbench serve-sim --fleet llama3.1-8b-a100:1:prefill,llama3.1-8b-a100:1:decode --kv-link rdma-400g
     """
     # lazy: start-up time (the emulator's aiohttp server, ~190 ms)
     from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
 
-    profiles = None
+    profiles = roles = None
+    try:
+        parse_kv_link(kv_link)
+    except KVLinkError as exc:
+        raise click.BadParameter(str(exc).removeprefix("kv_link: "), param_hint="--kv-link") from None
     if fleet is not None:
         if profile is not None or instances is not None:
             raise click.UsageError(f"--fleet names every instance's profile; give it or "
                                    f"{'--profile' if profile is not None else '--instances'}, not both")
         try:
-            profiles = parse_fleet(fleet).profiles()
-        except FleetError as exc:
-            raise click.BadParameter(str(exc).removeprefix("fleet: "), param_hint="--fleet") from None
+            parsed = parse_fleet(fleet)
+            profiles = parsed.profiles()
+            if parsed.is_disaggregated:
+                roles = parsed.roles()
+                for p in profiles:
+                    kv_bytes_per_token(p)
+        except (FleetError, KVLinkError) as exc:
+            raise click.BadParameter(str(exc).removeprefix("fleet: ").removeprefix("kv_link: "),
+                                     param_hint="--fleet") from None
     try:
         prof = profiles[0] if profiles else resolve_profile(profile or "llama3.1-8b-a100")
     except ProfileError as exc:
@@ -146,7 +161,7 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
                       port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
-                      allow_kill=allow_kill)
+                      allow_kill=allow_kill, kv_link=kv_link)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -158,7 +173,8 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
             if profiles:  # each URL with the profile routers may assume of it
                 what = f"emulated instance(s) of fleet {parse_fleet(fleet).label}"
                 await serve_forever(cfg, on_ready=lambda urls: _announce(
-                    [f"{u}@{profile_ref(p)}" for u, p in zip(urls, profiles)], what, endpoints_file))
+                    [f"{u}@{profile_ref(p)}" + (f":{r}" if roles else "")
+                     for u, p, r in zip(urls, profiles, roles or profiles)], what, endpoints_file))
             else:
                 await serve_forever(cfg, on_ready=lambda urls: _announce(urls, what, endpoints_file))
         except OSError as exc:

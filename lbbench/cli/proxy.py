@@ -8,15 +8,19 @@ import signal
 import click
 
 from ..admission import parse_admission, parse_tenants
+from ..experiment.config import profile_ref, split_endpoint
+from ..fleet import FleetError, parse_fleet, split_role
 from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
-from ..routers.registry import KV_EVENTS_REFUSAL, ORACLE_REFUSAL, needs_kv_events, needs_simulator
+from ..routers.registry import KV_EVENTS_REFUSAL, ORACLE_REFUSAL, is_pair_router, needs_kv_events, needs_simulator
 from .flags import admission_options, parse_value, read_endpoints_file
 
 
 @click.command("proxy")
-@click.option("--endpoint", "endpoints", multiple=True, help="A backend (base URL); repeat for each.")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="URL[@PROFILE[:ROLE]]",
+              help="A backend (base URL); repeat for each. URL@PROFILE: the router may assume that profile of it; "
+                   "URL@PROFILE:prefill|decode: a prefill/decode fleet for a pair router (llm-d's P/D protocol).")
 @click.option("--endpoints", "endpoints_file", default=None, type=click.Path(dir_okay=False),
               help="A file with one backend URL per line.")
 @click.option("--router", default="round_robin", show_default=True, help="Router name (lbbench routers).")
@@ -48,9 +52,8 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     from ..harness.replay import normalize_endpoint  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
     from ..proxy.gateway import Gateway, ProxyConfig  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
 
-    urls = [normalize_endpoint(u) for u in endpoints]
-    if endpoints_file:
-        urls += [normalize_endpoint(u) for u in read_endpoints_file(endpoints_file)]
+    given = list(endpoints) + (read_endpoints_file(endpoints_file) if endpoints_file else [])
+    urls = [normalize_endpoint(split_endpoint(u)[0]) for u in given]
     if not urls:
         raise click.UsageError("give at least one --endpoint URL (or --endpoints FILE)")
     opts = {}
@@ -62,17 +65,30 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     adm = parse_admission(admission) if admission is not None else None
     known = parse_tenants(tenants) if tenants is not None else None
     prof = load_profile(profile) if profile else None
+    specs = backend_specs(given, prof)
+    fleet_prof = prof
+    if specs is not None and prof is None:
+        fleet_prof = load_profile(split_role(split_endpoint(given[0])[1] or "")[0])
+    pair, roles = is_pair_router(router), specs is not None and any(s.role != "mixed" for s in specs)
+    if pair and not roles:
+        raise click.BadParameter(f"{router} routes prefill/decode pairs: give backends with roles "
+                                 "(--endpoint URL@PROFILE:prefill, --endpoint URL@PROFILE:decode)", param_hint="--router")
+    if roles and not pair:
+        raise click.BadParameter(f"{router} routes whole requests; backends with prefill/decode roles need a pair "
+                                 "router", param_hint="--router")
     if needs_simulator(router):
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
     if needs_kv_events(router):
         raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
-    r = get_router(router, num_instances=len(urls), seed=seed, profile=prof, **opts)
+    r = get_router(router, num_instances=len(urls), seed=seed, profile=fleet_prof, **opts)
     pred = None
     if predictor:
         pred = load_predictor(predictor, profile=prof, seed=seed)
-    cfg = ProxyConfig(backends=urls, router=r, specs=[prof.instance_spec()] * len(urls) if prof else None,
+    if specs is None and prof is not None:
+        specs = [prof.instance_spec()] * len(urls)
+    cfg = ProxyConfig(backends=urls, router=r, specs=specs,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
-                      max_retries=max_retries, min_step_s=prof.min_step_s if prof else 0.02,
+                      max_retries=max_retries, min_step_s=fleet_prof.min_step_s if fleet_prof else 0.02,
                       admission=adm, tenants=known, signal_lag_s=signal_lag_s)
     gw = Gateway(cfg)
 
@@ -99,3 +115,22 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     except OSError as exc:
         raise click.UsageError(f"--port {port}: {exc.strerror or exc}") from None
     click.echo("stopped", err=True)
+
+
+def backend_specs(endpoints: list[str], profile) -> list | None:
+    """What the router may assume of each backend given as ``URL@PROFILE[:ROLE]`` (``--fleet``'s parser on the
+    profiles and roles; a bare URL takes ``--profile``); None when no backend names a profile."""
+    refs = [split_endpoint(e)[1] for e in endpoints]
+    if not any(refs):
+        return None
+    entries = []
+    for text, ref in zip(endpoints, refs):
+        if ref is None and profile is None:
+            raise click.BadParameter(f"{text}: give every backend a profile (URL@PROFILE) or --profile",
+                                     param_hint="--endpoint")
+        name, role = split_role(ref) if ref else (profile_ref(profile), "mixed")
+        entries.append(f"{name}:1" + ("" if role == "mixed" else f":{role}"))
+    try:
+        return parse_fleet(",".join(entries)).instance_specs()
+    except FleetError as exc:
+        raise click.BadParameter(str(exc).removeprefix("fleet: "), param_hint="--endpoint") from None

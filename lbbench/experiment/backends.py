@@ -138,9 +138,10 @@ def live_specs(cfg: RunConfig, profile: Profile, urls: list[str]) -> list[Instan
     """What routers may assume of each live instance: an attached ``URL@PROFILE``'s is that profile's spec as it
     stands (the user vouches for it); any other's is its fleet profile's with the KV capacity its engine reports
     (``live_spec``)."""
-    profiles = cfg.fleet_of(profile).profiles()
+    fleet = cfg.fleet_of(profile)
     pinned = [split_endpoint(e)[1] is not None for e in cfg.endpoints] or [False] * len(urls)
-    return [p.instance_spec() if pin else live_spec(p, url) for p, pin, url in zip(profiles, pinned, urls)]
+    specs = [p.instance_spec() if pin else live_spec(p, url) for p, pin, url in zip(fleet.profiles(), pinned, urls)]
+    return [replace(s, role=role) for s, role in zip(specs, fleet.roles())]  # URL@PROFILE:ROLE
 
 
 def live_spec(profile: Profile, url: str) -> InstanceSpec:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..admission import AdmissionError, parse_admission, parse_tenants
 from ..engines import ENGINES
 from ..errors import InputError
-from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet
+from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet, split_role
 from ..live.saturation import DEFAULT_WINDOW_S
 from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
@@ -196,8 +196,9 @@ class RunConfig:
         entries: list[FleetEntry] = []
         for text in self.endpoints:
             url, ref = split_endpoint(text)
-            prof = base
+            prof, role = base, "mixed"
             if ref:
+                ref, role = split_role(ref)  # URL@PROFILE:ROLE: a prefill/decode role, as --fleet's
                 try:
                     prof = load_profile(ref)
                 except ProfileError as exc:
@@ -205,10 +206,10 @@ class RunConfig:
                     detail = (f"unknown profile {ref!r} (known: {known}; or a path to a .toml file)"
                               if not Path(ref).is_file() else " ".join(str(exc).split()))
                     raise ConfigError(f"{text}: {detail}", "endpoints") from None
-            if entries and entries[-1].profile == prof:
-                entries[-1] = FleetEntry(prof, entries[-1].count + 1)
+            if entries and entries[-1].profile == prof and entries[-1].role == role:
+                entries[-1] = FleetEntry(prof, entries[-1].count + 1, role)
             else:
-                entries.append(FleetEntry(prof, 1))
+                entries.append(FleetEntry(prof, 1, role))
         try:
             return Fleet(tuple(entries))
         except FleetError as exc:
@@ -237,7 +238,8 @@ class RunConfig:
         if cfg.load_workers is None:
             top = cfg.rate_per_s or max(cfg.rates, default=None)  # a live sweep: its highest step's
             cfg.load_workers = (auto_load_workers(top, os.cpu_count() or 1)
-                                if cfg.live and not cfg.stream_workers else 0)
+                                if cfg.live and not cfg.stream_workers and not any(map(is_pair_router, cfg.routers))
+                                else 0)
         for name in cfg.routers:  # a pair router that predicts transfers reads the run's link
             if name == "pd_joint":
                 cfg.router_options.setdefault(name, {}).setdefault("kv_link", cfg.kv_link)
@@ -326,8 +328,14 @@ class RunConfig:
                 raise ConfigError(f"{pair[0]} routes prefill/decode pairs: give a fleet with roles "
                                   "(--fleet NAME:COUNT:prefill,NAME:COUNT:decode)", "routers")
             return
-        if self.live:
-            raise ConfigError("a fleet with prefill/decode roles runs on the simulator only", "fleet")
+        if self.live and not self.endpoints:
+            raise ConfigError("a fleet with prefill/decode roles runs on the simulator or on attached endpoints "
+                              "that speak llm-d's P/D protocol (lbbench serve-sim --fleet NAME:N:prefill,"
+                              "NAME:N:decode), not on launched servers", "fleet")
+        if self.live and (self.stream_workers or self.load_workers):
+            raise ConfigError("a live prefill/decode run streams from the dispatcher's process (the pair routers "
+                              "move each request between two instances there); give 0",
+                              "stream_workers" if self.stream_workers else "load_workers")
         other = [r for r in self.routers if r not in pair]
         if other:
             raise ConfigError(f"{other[0]} routes whole requests; a fleet with prefill/decode roles needs a pair "

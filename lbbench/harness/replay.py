@@ -66,6 +66,7 @@ from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, R
                     TokensGenerated, chain_sessions)
 from ..dispatch import Router
 from ..engines import Engine, get_engine
+from ..engines.vllm.pd import PREFILLER_HEADER, host_port
 from ..errors import InputError
 from ..live.http import HttpBackend, StreamResult
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
@@ -483,8 +484,9 @@ class _Replay:
             self.remote[req.request_id] = (req, inst, now, req.arrival_s + held)
             self.workers.submit(req, inst, prio, text)
             return
-        task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held, prio, text))
-        self.in_flight[task] = (req, inst, now, req.arrival_s + held)
+        decode = self.drive.dispatcher.decode_of.pop(req.request_id, None)  # a pair router's: prefilled on inst
+        task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held, prio, text, decode))
+        self.in_flight[task] = (req, inst if decode is None else decode, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
 
     def _send_done(self, task: asyncio.Task) -> None:
@@ -493,27 +495,38 @@ class _Replay:
 
     # -- one request -------------------------------------------------------------------------
     async def _send(self, req: Request, inst: int, dispatch_s: float, planned_s: float, prio: int | None,
-                    text: str | None) -> None:
-        res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst),
-                                      priority=prio, text=text)
-        self._finish(req, inst, dispatch_s, planned_s, res)
+                    text: str | None, decode: int | None = None) -> None:
+        if decode is None:
+            res = await self.backend.send(self.endpoints[inst], req, self.drive.token_observer(req.request_id, inst),
+                                          priority=prio, text=text)
+            self._finish(req, inst, dispatch_s, planned_s, res)
+            return
+        # prefill/decode: to the decode instance, naming the prefill one (llm-d's sidecar protocol)
+        legs = self.drive.pair_legs(req, inst, decode)
+        res = await self.backend.send(self.endpoints[decode], req, legs.on_tokens, priority=prio, text=text,
+                                      headers={PREFILLER_HEADER: host_port(self.endpoints[inst])})
+        self._finish(req, decode, dispatch_s, planned_s, res, prefill=inst, state_instance=legs.instance)
 
-    def _finish(self, req: Request, inst: int, dispatch_s: float, planned_s: float, res: StreamResult) -> None:
+    def _finish(self, req: Request, inst: int, dispatch_s: float, planned_s: float, res: StreamResult,
+                prefill: int | None = None, state_instance: int | None = None) -> None:
+        """``inst`` served it (a pair's decode instance, prefilled on ``prefill``); the state has it on
+        ``state_instance`` (default ``inst``)."""
         rid, observe = req.request_id, self.drive.observe
         now = self.now()
+        at = inst if state_instance is None else state_instance
         if res.error is None:
-            observe(Finished(rid, inst, res.finish_s if res.finish_s is not None else now,
+            observe(Finished(rid, at, res.finish_s if res.finish_s is not None else now,
                              res.generated_tokens))
         else:
-            observe(Failed(rid, inst, now, res.error))
+            observe(Failed(rid, at, now, res.error))
             self.failure_times[rid] = now
             if res.connection_error:
                 self.drive.mark_down(inst)
-        self._record(req, inst, dispatch_s, planned_s, res)
+        self._record(req, inst, dispatch_s, planned_s, res, prefill=prefill)
         self._epoch(self.now())
 
     def _record(self, req: Request, inst: int, dispatch_s: float | None, planned_s: float | None,
-                res: StreamResult | None, error: str | None = None) -> None:
+                res: StreamResult | None, error: str | None = None, prefill: int | None = None) -> None:
         rec = RequestRecord.for_request(
             req, run_id=self.s.run_id, router=self.label, seed=self.s.seed, instance=inst, dispatch_s=dispatch_s,
             first_token_s=res.first_token_s if res else None, finish_s=res.finish_s if res else None,
@@ -522,6 +535,8 @@ class _Replay:
             server_prompt_tokens=res.server_prompt_tokens if res else None,
             server_output_tokens=res.server_output_tokens if res else None,
             http_status=res.http_status if res else None, error=res.error if res else error)
+        if prefill is not None or (res is not None and res.pd_timing):  # a pair router's, or one behind a gateway's
+            pd_record_fields(rec, prefill, res)
         nxt = self._next_turn.pop(req.request_id, None)
         if nxt is not None and self.stopped_sending:
             self._record(nxt, -1, None, None, None, NOT_SENT)  # the session's later turns will not be sent
@@ -585,7 +600,8 @@ class _Replay:
             self._cancelled(req, inst, dispatch_s, planned_s, now)
 
     def _cancelled(self, req: Request, inst: int, dispatch_s: float, planned_s: float, now: float) -> None:
-        self.drive.observe(Failed(req.request_id, inst, now, CANCELLED))
+        at = self.state.instance_of(req.request_id)  # a pair's prefill instance until its first token
+        self.drive.observe(Failed(req.request_id, inst if at is None else at, now, CANCELLED))
         self.failure_times[req.request_id] = now
         self._record(req, inst, dispatch_s, planned_s, None, CANCELLED)
 
@@ -684,3 +700,20 @@ def run_replay(requests: Sequence[Request], router: Router, endpoints: Sequence[
             signal.signal(sig, handler)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def pd_record_fields(rec: RequestRecord, prefill: int | None, res: StreamResult | None) -> None:
+    """A disaggregated request's record: its prefill instance (None: unknown, a gateway chose it) and, where its
+    decode instance reported them
+    (``StreamResult.pd_timing``), the simulator's TTFT split on the run's clock: the prefill leg ends
+    ``prefill_s`` after the send, the KV is ready ``transfer_s`` later, admitted ``kv_wait_s`` after that."""
+    rec.prefill_instance = prefill
+    t = (res.pd_timing if res is not None else None) or {}
+    if "transfer_s" in t:
+        rec.transfer_bytes = t.get("transfer_bytes")
+    if res is None or "prefill_s" not in t:
+        return
+    rec.prefill_done_s = res.actual_send_s + t["prefill_s"]
+    if "transfer_s" in t:
+        rec.kv_ready_s = rec.prefill_done_s + t["transfer_s"]
+        rec.decode_admit_s = rec.kv_ready_s + t.get("kv_wait_s", 0.0)

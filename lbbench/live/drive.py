@@ -8,6 +8,9 @@ virtual time — and runs them on the wall clock inside an asyncio loop:
   (the replay sends the request; the proxy wakes the waiting handler).
 - **Lifecycle events** reach the state through ``observe``; ``token_observer`` turns a stream's chunks into
   ``FirstToken`` and at most one ``TokensGenerated`` per ``min_step_s``.
+- **Pairs**: a pair router's request is sent to its decode instance with its prefill instance named (llm-d's
+  protocol, ``lbbench.engines.vllm.pd``); ``PairLegs`` moves it on the state from its prefill leg to its decode
+  instance at its first token, as the simulator does when its KV leaves.
 - **Health**: ``check_health`` probes instances (``probe_health``: ``GET /health``) and feeds
   ``InstanceHealth`` changes; ``mark_down`` takes an instance out at once after a connection error.
 
@@ -26,7 +29,8 @@ from typing import Awaitable, Callable, Iterable, Iterator, Sequence
 import aiohttp
 
 from ..admission import AdmissionSpec, FlowController
-from ..core import ClusterState, FirstToken, InstanceHealth, InstanceSpec, Request, TokensGenerated
+from ..core import (ClusterState, Dispatched, Finished, FirstToken, InstanceHealth, InstanceSpec, Request,
+                    TokensGenerated)
 from ..dispatch import Dispatcher, Router
 from .http import throttled
 
@@ -172,6 +176,9 @@ class Drive:
         return throttled(self.min_step_s, lambda t: observe(FirstToken(request_id, inst, t)),
                          lambda t, count: observe(TokensGenerated(request_id, inst, t, count)))
 
+    def pair_legs(self, request: Request, prefill: int, decode: int) -> "PairLegs":
+        return PairLegs(self, request, prefill, decode)
+
     # -- health --------------------------------------------------------------------------------
     def healthy(self, inst: int) -> bool:
         return self.state.view().instances[inst].healthy
@@ -199,3 +206,22 @@ class Drive:
         if came_back:
             self.epoch()
         return ok
+
+
+class PairLegs:
+    """A disaggregated request on the live state: its prefill leg on ``prefill`` (the dispatcher's
+    ``dispatch_pair``) until the first token reaches the client, when the leg ends there and the request is
+    dispatched on ``decode``; ``instance`` is where the state has it now (what a failure names)."""
+
+    def __init__(self, drive: Drive, request: Request, prefill: int, decode: int):
+        self.instance = prefill
+        self._drive, self._request, self._decode = drive, request, decode
+        self._tokens = drive.token_observer(request.request_id, decode)
+
+    def on_tokens(self, count: int, time_s: float) -> None:
+        if self.instance != self._decode:
+            rid, observe = self._request.request_id, self._drive.observe
+            observe(Finished(rid, self.instance, time_s, 1))  # the prefill leg's one token
+            observe(Dispatched(self._request, self._decode, time_s))
+            self.instance = self._decode
+        self._tokens(count, time_s)

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..core import DEFAULT_PREFIX_BLOCK_TOKENS, Request, tbt_stats
 from ..engines import VLLM, Engine
+from ..engines.vllm.pd import TIMING_HEADERS
 from .sse import SseReader
 
 #: Token ids of synthetic prompts are drawn from [low, high): small ids exist in
@@ -138,6 +139,8 @@ class StreamResult:
     finish_s: float | None = None
     server_prompt_tokens: int | None = None
     server_output_tokens: int | None = None
+    #: the prefill/decode split a ``serve-sim`` decode instance reported (``lbbench.engines.vllm.pd``'s headers)
+    pd_timing: dict[str, float] | None = None
 
     @property
     def generated_tokens(self) -> int:
@@ -152,6 +155,8 @@ class StreamResult:
         return tbt_stats(self.token_times_s)
 
 
+#: response header -> ``StreamResult.pd_timing`` key
+_PD_HEADERS = {v: k for k, v in TIMING_HEADERS.items()}
 #: Called as ``on_tokens(generated_so_far, time_s)`` whenever tokens arrive.
 TokenCallback = Callable[[int, float], None]
 #: (host, port, TLS) of one endpoint: a connection pool's key
@@ -265,12 +270,28 @@ class _Conn(asyncio.Protocol):
                 self.remaining = int(value)
             elif name == b"connection":
                 self.keep_alive = value == b"keep-alive" or (value != b"close" and self.keep_alive)
+            elif name.startswith(b"x-lbbench-"):
+                self._pd_header(name.decode("latin-1"), value)
         if self.chunked:
             self.remaining = None
         elif self.remaining is None:
             self.until_close = True
             self.keep_alive = False
         self.ex.res.http_status = self.status
+
+    def _pd_header(self, name: str, value: bytes) -> None:
+        """One of a P/D decode instance's timing headers -> ``StreamResult.pd_timing``."""
+        key = _PD_HEADERS.get(name)
+        if key is None:
+            return
+        try:
+            v = float(value)
+        except ValueError:
+            return
+        res = self.ex.res
+        if res.pd_timing is None:
+            res.pd_timing = {}
+        res.pd_timing[key] = v
 
     def _dechunk(self, data: bytes) -> bytes:
         buf = self.cbuf + data if self.cbuf else data
@@ -426,25 +447,28 @@ class HttpBackend:
                     conn.transport.close()
             pool.clear()
 
-    def prepare(self, base_url: str, request: Request, priority: int | None = None, text: str | None = None) -> bytes:
+    def prepare(self, base_url: str, request: Request, priority: int | None = None, text: str | None = None,
+                headers: dict[str, str] | None = None) -> bytes:
         """The whole HTTP request for ``request`` (a load worker builds it ahead of its send time): ``priority``
         is its ``priority`` field (None: none, as vLLM rejects one under fcfs), ``text`` its prompt as text (None:
-        token ids)."""
+        token ids), ``headers`` extra request headers."""
         payload = json.dumps(request_body(request, self.model, self.api, self.token_id_range, priority, text,
                                           self.engine)).encode()
         host, port, _ = self._addr(base_url)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         if ":" in host:  # an IPv6 address
             host = f"[{host}]"
         return (f"POST {self.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
+                f"Accept: text/event-stream\r\n{extra}Content-Length: {len(payload)}\r\n\r\n").encode() + payload
 
     async def send(self, base_url: str, request: Request, on_tokens: TokenCallback | None = None,
-                   raw: bytes | None = None, priority: int | None = None, text: str | None = None) -> StreamResult:
+                   raw: bytes | None = None, priority: int | None = None, text: str | None = None,
+                   headers: dict[str, str] | None = None) -> StreamResult:
         """Stream one request to ``base_url`` (``raw``: its bytes from ``prepare``, else built here with
         ``priority`` and ``text``); never raises for server or network faults."""
         addr = self._addr(base_url)
         if raw is None:
-            raw = self.prepare(base_url, request, priority, text)
+            raw = self.prepare(base_url, request, priority, text, headers)
         loop = asyncio.get_running_loop()
         res = StreamResult(actual_send_s=self.clock())
         for attempt in (0, 1):

@@ -18,6 +18,9 @@ the same way.
   on arrival, 503 to one displaced from the queue. The tenant is the ``x-llm-d-inference-fairness-id`` header
   (llm-d's); with ``tenants`` given, its band is the tenant's and an unknown tenant is refused with 400. The queue
   is bounded, so the gateway's memory is bounded under overload.
+- **Prefill/decode.** Backends with roles (``ProxyConfig.specs``) and a pair router: a disaggregated request goes
+  to its decode backend with its prefill backend in the ``x-prefiller-host-port`` header (llm-d's P/D sidecar
+  protocol, ``lbbench.engines.vllm.pd``); the decode backend's timing headers are passed on to the client.
 - **Drain.** ``drain()`` (SIGTERM in the CLI) refuses new requests with 503 and waits for those in flight.
 - **Metrics.** ``/metrics`` in Prometheus text: requests by status, latency and TTFT histograms, per-backend
   in-flight and health, router decisions and deferrals, queue depth.
@@ -40,6 +43,7 @@ from aiohttp import web
 
 from ..admission import AdmissionSpec, Tenant, shed_message
 from ..core import Failed, Finished, InstanceSpec, Request
+from ..engines.vllm.pd import PREFILLER_HEADER, TIMING_HEADERS, host_port
 from ..live.drive import Drive, probe_health
 from ..live.memtrace import MemTrace
 from ..predict import annotate
@@ -256,10 +260,14 @@ class Gateway:
                 self.metrics.count(str(shed.status))
                 return web.json_response({"error": {"message": shed_message(shed.status),
                                                     "type": "overloaded"}}, status=shed.status)
+            prefill = None
+            decode = self.dispatcher.decode_of.pop(req.request_id, None)
+            if decode is not None:  # a pair router's: to the decode instance, prefilled on inst (llm-d's protocol)
+                prefill, inst = inst, decode
             url = self.cfg.backends[inst] + request.path
             self.metrics.in_flight[inst] += 1
             try:
-                resp, err, retry = await self._send(request, req, inst, url, raw, stream, t0)
+                resp, err, retry = await self._send(request, req, inst, url, raw, stream, t0, prefill)
             finally:
                 self.metrics.in_flight[inst] -= 1
             if resp is not None:
@@ -272,11 +280,19 @@ class Gateway:
                                  status=502)
 
     async def _send(self, request: web.Request, req: Request, inst: int, url: str, raw: bytes, stream: bool,
-                    t0: float) -> tuple[web.StreamResponse | None, str, bool]:
-        """(response to return, or None with the error and whether a retry is allowed)."""
+                    t0: float, prefill: int | None = None) -> tuple[web.StreamResponse | None, str, bool]:
+        """(response to return, or None with the error and whether a retry is allowed); ``prefill``: the prefill
+        instance of a disaggregated request, ``inst`` its decode instance."""
         rid, observe = req.request_id, self.drive.observe
-        on_tokens = self.drive.token_observer(rid, inst)
         headers = {"Content-Type": "application/json"}
+        legs = None
+        if prefill is not None:
+            legs = self.drive.pair_legs(req, prefill, inst)
+            headers[PREFILLER_HEADER] = host_port(self.cfg.backends[prefill])
+        on_tokens = legs.on_tokens if legs is not None else self.drive.token_observer(rid, inst)
+
+        def at() -> int:  # where the state has the request now
+            return legs.instance if legs is not None else inst
         out: web.StreamResponse | None = None
         settled = False
         try:
@@ -287,16 +303,16 @@ class Gateway:
                     if up.status == 200:
                         n = _usage_tokens(data)
                         on_tokens(n, now)
-                        observe(Finished(rid, inst, now, n))
+                        observe(Finished(rid, at(), now, n))
                         self.metrics.observe_done(now - t0, now - t0)
                     else:
-                        observe(Failed(rid, inst, now, f"HTTP {up.status}"))
+                        observe(Failed(rid, at(), now, f"HTTP {up.status}"))
                     self.metrics.count(str(up.status))
                     self._epoch()
-                    return web.Response(body=data, status=up.status,
+                    return web.Response(body=data, status=up.status, headers=_pd_headers(up),
                                         content_type=up.content_type or "application/json"), "", False
                 out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                              "Cache-Control": "no-cache"})
+                                                              "Cache-Control": "no-cache", **_pd_headers(up)})
                 await out.prepare(request)
                 first_s = None
                 count = 0
@@ -316,30 +332,30 @@ class Gateway:
                     settled = True
                     now = self.now()
                     if upstream_done:
-                        observe(Finished(rid, inst, now, max(count, 1)))
+                        observe(Finished(rid, at(), now, max(count, 1)))
                         self.metrics.count("200")
                         self.metrics.observe_done(now - t0, (first_s if first_s is not None else now) - t0)
                     else:
-                        observe(Failed(rid, inst, now, "client disconnected"))
+                        observe(Failed(rid, at(), now, "client disconnected"))
                         self.metrics.count("client_closed")
                     self._epoch()
                     raise
                 now = self.now()
-                observe(Finished(rid, inst, now, max(count, 1)))
+                observe(Finished(rid, at(), now, max(count, 1)))
                 self.metrics.count("200")
                 self.metrics.observe_done(now - t0, (first_s if first_s is not None else now) - t0)
                 self._epoch()
                 return out, "", False
         except asyncio.CancelledError:
             if not settled:  # the client went away while the backend was still answering
-                observe(Failed(rid, inst, self.now(), "client disconnected"))
+                observe(Failed(rid, at(), self.now(), "client disconnected"))
                 self.metrics.count("client_closed")
                 self._epoch()
             raise
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
             now = self.now()
             err = f"{type(exc).__name__}: {exc}"
-            observe(Failed(rid, inst, now, err))
+            observe(Failed(rid, at(), now, err))
             if isinstance(exc, aiohttp.ClientConnectionError) and self.drive.mark_down(inst):
                 self.metrics.healthy[inst] = 0
             self._epoch()
@@ -381,6 +397,14 @@ class Gateway:
                 self.metrics.healthy[i] = int(good)
             self._mem.tick()
             await asyncio.sleep(self.cfg.health_interval_s)
+
+
+def _pd_headers(up: aiohttp.ClientResponse) -> dict[str, str]:
+    """The TTFT split a P/D decode instance reported (``lbbench.engines.vllm.pd``), passed on to the client."""
+    return {k: v for k, v in up.headers.items() if k.lower() in _PD_HEADER_NAMES}
+
+
+_PD_HEADER_NAMES = frozenset(TIMING_HEADERS.values())
 
 
 def _usage_tokens(data: bytes) -> int:

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from ..core import Dispatched, Failed, Request, prefill_leg
-from ..kv_links import KVLink
+from ..kv_links import KVFabric, KVLink
 from ..profiles import Profile
 from .cluster import _TRANSFER, ClusterSim
 from .fork import fork
@@ -78,8 +78,7 @@ class DisaggSim(ClusterSim):
         self.kv_link = kv_link
         self.kv_bytes_per_token = list(kv_bytes_per_token)
         self._legs: dict[int, _Leg] = {}
-        self._egress_free_s = [0.0] * num_instances
-        self._ingress_free_s = [0.0] * num_instances
+        self._fabric = KVFabric(kv_link)
         self._landed: list[deque[_Leg]] = [deque() for _ in range(num_instances)]
         self._retry_version = [0] * num_instances
 
@@ -90,6 +89,7 @@ class DisaggSim(ClusterSim):
         legs = {rid: replace(leg) for rid, leg in self._legs.items()}
         twin = {id(leg): legs[rid] for rid, leg in self._legs.items()}
         new._legs = legs
+        new._fabric = self._fabric.copy()
         new._landed = [deque(twin[id(leg)] for leg in q) for q in self._landed]
         new._heap = [(t, k, seq, k2, (data[0], twin[id(data[1])]) if k == _TRANSFER and data[0] != _RETRY else data)
                      for t, k, seq, k2, data in self._heap]  # the same keys in the same order: still a heap
@@ -143,58 +143,69 @@ class DisaggSim(ClusterSim):
     def _start_transfer(self, t: float, leg: _Leg) -> None:
         p, d = leg.prefill, leg.decode
         leg.num_bytes = (leg.request.prompt_tokens - 1) * self.kv_bytes_per_token[p]
-        start = max(t, self._egress_free_s[p], self._ingress_free_s[d])
-        end = start + self.kv_link.transfer_s(leg.num_bytes)
-        self._egress_free_s[p] = self._ingress_free_s[d] = end
+        _, end = self._fabric.reserve(p, d, t, leg.num_bytes)
         # the client-side state sees the request on its decode instance from now on
         self.dispatcher.observe(Dispatched(leg.request, d, t))
         self._push(end, _TRANSFER, (_LANDED, leg))
 
     # ------------------------------------------------------------------ 3. decode admission
     def _admit_landed(self, d: int) -> None:
-        """Hand the KV that landed on ``d`` to its engine, first come first served, while its blocks fit."""
-        inst, queue, now = self.instances[d], self._landed[d], self.now_s
-        self._observe(inst.advance(now))
-        if inst.seg_k and inst.seg_t0 < now and (inst.seg_sched or not inst.seg_prefill_only):
-            # inside a segment of steps: the blocks of its steps after the first are counted when it ends, so
-            # the free count is known at a step boundary only. Cut it after the step in progress (as an arrival
-            # does) and take the KV then.
-            inst._cut_segment(now, 2 if inst.async_scheduling else 1)
-            self._reschedule(d)
-            self._retry_version[d] += 1
-            self._push(inst.seg_end, _TRANSFER, (_RETRY, (d, self._retry_version[d])))
-            return
-        while queue:
-            leg = queue[0]
-            req = leg.request
-            tokens = req.prompt_tokens - 1
-            bs = inst.bs
-            x = KVTransfer(req, -(-tokens // bs), (), leg.num_bytes, tokens, 0, ())
-            if req.prompt_tokens + req.output_tokens > inst.max_model_len:
-                queue.popleft()
-                self._fail_on(inst, leg, f"prompt {req.prompt_tokens} + output {req.output_tokens} tokens exceed "
-                                         f"max_model_len {inst.max_model_len} of decode instance {d}")
-                continue
-            events = inst.import_blocks(x, now)
-            if events is None:
-                break
-            queue.popleft()
-            leg.decoding, leg.decode_admit_s = True, now
-            self._observe(events)
+        """Hand the KV that landed on ``d`` to its engine (``admit_landed``); try again when it says."""
+        retry_s = admit_landed(self.instances[d], self._landed[d], self.now_s, self._observe, self._admitted,
+                               self._fail_on)
         self._reschedule(d)
         self._retry_version[d] += 1
-        if queue:  # blocks are freed when a step segment ends: try again then
-            te = inst.next_event_s()
-            if te is None:  # idle and still too small: the instance can never hold it
-                while queue:
-                    leg = queue.popleft()
-                    self._fail_on(inst, leg, f"its KV ({leg.request.prompt_tokens} tokens) does not fit decode "
-                                             f"instance {d}'s {inst.num_blocks} blocks")
-            else:
-                self._push(te, _TRANSFER, (_RETRY, (d, self._retry_version[d])))
+        if retry_s is not None:
+            self._push(retry_s, _TRANSFER, (_RETRY, (d, self._retry_version[d])))
+
+    @staticmethod
+    def _admitted(leg: _Leg, now_s: float) -> None:
+        leg.decoding, leg.decode_admit_s = True, now_s
 
     def _fail_on(self, inst: SimInstance, leg: _Leg, error: str) -> None:
         """``leg`` cannot decode on ``inst``: it fails there (the state and the router see it end)."""
         leg.decoding = True
         self.dispatcher.observe(Failed(leg.request.request_id, inst.index, self.now_s, error))
         self._record(inst, SimRequest(leg.request), error)
+
+
+def admit_landed(inst: SimInstance, queue: deque, now_s: float, observe: Callable[[list], None],
+                 admitted: Callable[[Any, float], None], fail: Callable[[SimInstance, Any, str], None]
+                 ) -> float | None:
+    """Hand the KV that landed on ``inst`` (``queue``: legs with ``request`` and ``num_bytes``, first come first
+    served) to its engine while its blocks fit; the one decode admission of the simulator and of ``serve-sim``'s
+    decode instances (``lbbench.engines.vllm.pd``). ``observe`` takes the engine's events, ``admitted(leg, now)``
+    each leg taken, ``fail(inst, leg, error)`` each that can never be. Returns when to try again (None: nothing
+    is left waiting)."""
+    observe(inst.advance(now_s))
+    if inst.seg_k and inst.seg_t0 < now_s and (inst.seg_sched or not inst.seg_prefill_only):
+        # inside a segment of steps: the blocks of its steps after the first are counted when it ends, so
+        # the free count is known at a step boundary only. Cut it after the step in progress (as an arrival
+        # does) and take the KV then.
+        inst._cut_segment(now_s, 2 if inst.async_scheduling else 1)
+        return inst.seg_end
+    while queue:
+        leg = queue[0]
+        req = leg.request
+        tokens = req.prompt_tokens - 1
+        x = KVTransfer(req, -(-tokens // inst.bs), (), leg.num_bytes, tokens, 0, ())
+        if req.prompt_tokens + req.output_tokens > inst.max_model_len:
+            queue.popleft()
+            fail(inst, leg, f"prompt {req.prompt_tokens} + output {req.output_tokens} tokens exceed "
+                            f"max_model_len {inst.max_model_len} of decode instance {inst.index}")
+            continue
+        events = inst.import_blocks(x, now_s)
+        if events is None:
+            break
+        queue.popleft()
+        admitted(leg, now_s)
+        observe(events)
+    if not queue:
+        return None
+    te = inst.next_event_s()  # blocks are freed when a step segment ends: try again then
+    if te is None:  # idle and still too small: the instance can never hold it
+        while queue:
+            leg = queue.popleft()
+            fail(inst, leg, f"its KV ({leg.request.prompt_tokens} tokens) does not fit decode "
+                            f"instance {inst.index}'s {inst.num_blocks} blocks")
+    return te

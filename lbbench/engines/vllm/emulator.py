@@ -21,6 +21,11 @@ thread (tests, benchmarks) and can ``kill`` one instance abruptly: it stops
 listening and drops every open connection, as a crashed server would. A fleet
 started with ``allow_kill`` (``serve-sim --allow-kill``) also lets a client crash
 one instance with ``POST /lbbench/kill``.
+
+Every instance speaks llm-d's P/D sidecar protocol (``lbbench.engines.vllm.pd``): it takes a prefill leg or a
+remote-prefill decode, and a request sent with the ``x-prefiller-host-port`` header is prefilled there first, its
+KV moved over the fleet's link (``FleetConfig.kv_link``), then decoded here. A fleet's roles
+(``serve-sim --fleet NAME:N:prefill,NAME:N:decode``) are for the routers in front of it.
 """
 
 from __future__ import annotations
@@ -31,14 +36,17 @@ import json
 import socket
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from ... import __version__
 from ...core import Failed, Finished, FirstToken, Request
+from ...kv_links import DEFAULT_LINK, LINKS, KVFabric, parse_kv_link
 from ...profiles import Profile, load_profile
 from ...sim.instance import SimInstance
+from . import pd
 from .metrics_page import render_metrics
 
 
@@ -130,8 +138,16 @@ class EmulatedInstance:
     """One emulated server: an aiohttp app around a ``SimInstance``."""
 
     def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
-                 scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False):
+                 scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False,
+                 fabric: KVFabric | None = None):
         self.profile = profile
+        #: the link its KV transfers book (one per fleet; ``lbbench.engines.vllm.pd``)
+        self.fabric = fabric if fabric is not None else KVFabric(LINKS[DEFAULT_LINK])
+        self.landed: "deque[pd._Landing]" = deque()  # KV landed, waiting for blocks (``pd.admit``)
+        self.kv_retry_s: float | None = None  # when ``pd.admit`` tries the landed KV again
+        self.sidecar_session = None  # the P/D sidecar's client session, opened on its first prefill leg
+        self.num_prefill_legs = 0  # prefill legs served (``do_remote_decode``)
+        self.num_kv_received = 0  # decodes of a KV prefilled elsewhere
         self.index = index
         self.model = model or profile.model or "sim"
         self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill)
@@ -150,6 +166,11 @@ class EmulatedInstance:
         self.num_finished_total = 0
         self.alive = False
         self.allow_kill = allow_kill
+
+    @property
+    def engine_id(self) -> str:
+        """Its P/D engine id (``remote_engine_id``) and link endpoint: its address."""
+        return pd.host_port(self.url)
 
     # -- clock -----------------------------------------------------------------------
     def now(self) -> float:
@@ -176,6 +197,7 @@ class EmulatedInstance:
         await self.runner.setup()
         self.site = web.TCPSite(self.runner, host, port, reuse_address=True)
         await self.site.start()
+        self.url = f"http://{host}:{port}"
         self._driver = asyncio.create_task(self._drive())
         self.alive = True
 
@@ -186,6 +208,8 @@ class EmulatedInstance:
             await asyncio.gather(self._driver, return_exceptions=True)
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.sidecar_session is not None:
+            await self.sidecar_session.close()
 
     async def kill(self) -> None:
         """Die abruptly: stop listening and drop every open connection."""
@@ -238,6 +262,7 @@ class EmulatedInstance:
         streams = self.streams
         while True:
             now = self.now()
+            retry_s = pd.admit(self, now) if self.landed else None  # at the step boundary it waited for
             self._apply(sim.advance(now))
             m, next_step = self._progress(now)
             if streams:
@@ -250,6 +275,8 @@ class EmulatedInstance:
                             s.avail = g
                             s.event.set()
             wake_at = sim.next_event_s()
+            if retry_s is not None and (wake_at is None or retry_s < wake_at):
+                wake_at = retry_s
             if next_step is not None and (wake_at is None or next_step < wake_at):
                 wake_at = next_step
             self._wake = loop.create_future()
@@ -261,14 +288,31 @@ class EmulatedInstance:
                 await self._wake
 
     def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0) -> _Stream:
+        s = self._new_stream(prompt_tokens, output_tokens, priority)
+        now = self.now()
+        self._apply(self.sim.add(Request(s.rid, now, prompt_tokens, output_tokens), now))
+        self._poke()
+        return s
+
+    def _new_stream(self, prompt_tokens: int, output_tokens: int, priority: int) -> _Stream:
         rid = next(self._ids)
         self._priority[rid] = priority
         s = _Stream(rid, prompt_tokens, output_tokens)
         self.streams[rid] = s
         self.prompt_tokens_total += prompt_tokens
-        now = self.now()
-        self._apply(self.sim.add(Request(rid, now, prompt_tokens, output_tokens), now))
-        self._poke()
+        return s
+
+    async def _submit_remote(self, prompt_tokens: int, output_tokens: int, priority: int, params: dict,
+                             timing: dict[str, float]) -> _Stream:
+        """A decode whose KV was prefilled elsewhere (``pd.receive_kv``): it enters the engine when the KV has
+        landed and its blocks fit."""
+        s = self._new_stream(prompt_tokens, output_tokens, priority)
+        try:
+            await pd.receive_kv(self, Request(s.rid, self.now(), prompt_tokens, output_tokens), params, timing)
+        except BaseException:
+            self.streams.pop(s.rid, None)
+            self._priority.pop(s.rid, None)
+            raise
         return s
 
     def _forget(self, s: _Stream) -> None:
@@ -345,6 +389,18 @@ class EmulatedInstance:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
             body = await request.json()
+        except ValueError as exc:
+            return web.json_response({"error": {"message": str(exc), "type": "BadRequestError",
+                                                "code": 400}}, status=400)
+        prefiller = request.headers.get(pd.PREFILLER_HEADER)
+        if prefiller and isinstance(body, dict):  # llm-d's decode sidecar: the prefill leg first
+            return await pd.run_sidecar(self, request, body, chat, prefiller)
+        return await self._serve_body(request, body, chat)
+
+    async def _serve_body(self, request: web.Request, body: object, chat: bool,
+                          timing: dict[str, float] | None = None) -> web.StreamResponse:
+        """Serve one request's ``body`` (``timing``: the P/D split so far, from the sidecar)."""
+        try:
             if not isinstance(body, dict):
                 raise _BadRequest("body must be a JSON object")
             prompt_tokens = _prompt_tokens(body, chat)
@@ -360,6 +416,8 @@ class EmulatedInstance:
                 raise _BadRequest("'priority' must be an integer")
             if priority != 0 and self.sim.scheduler != "priority":  # as vLLM answers under fcfs
                 raise _BadRequest(f"Got priority {priority} but Priority scheduling is not enabled.")
+            remote = pd.remote_prefill(body)
+            prefill_leg = pd.is_remote_decode(body)
         except (ValueError, _BadRequest) as exc:
             return web.json_response({"error": {"message": str(exc), "type": "BadRequestError",
                                                 "code": 400}}, status=400)
@@ -367,7 +425,14 @@ class EmulatedInstance:
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does "
                                                 "not exist.", "type": "NotFoundError", "code": 404}},
                                      status=404)
-        s = self._submit(prompt_tokens, max_tokens, priority)
+        headers: dict[str, str] = {}
+        if remote is not None:
+            timing = dict(timing or {})
+            s = await self._submit_remote(prompt_tokens, max_tokens, priority, remote, timing)
+            headers = pd.timing_headers(timing)
+        else:
+            s = self._submit(prompt_tokens, max_tokens, priority)
+            self.num_prefill_legs += prefill_leg
         if s.error is not None:
             self.streams.pop(s.rid, None)
             return web.json_response({"error": {"message": s.error, "type": "BadRequestError",
@@ -377,7 +442,7 @@ class EmulatedInstance:
             self._transports.add(tr)
         try:
             if body.get("stream"):
-                return await self._stream(request, s, chat, body)
+                return await self._stream(request, s, chat, body, headers)
             while not s.done:
                 await s.event.wait()
                 s.event.clear()
@@ -392,18 +457,20 @@ class EmulatedInstance:
                 choice["text"] = text
             if body.get("return_token_ids"):
                 choice["token_ids"] = ids
-            return web.json_response({
-                "id": f"cmpl-{self.index}-{s.rid}",
-                "object": "chat.completion" if chat else "text_completion",
-                "created": int(time.time()), "model": self.model, "choices": [choice],
-                "usage": self._usage(s)})
+            answer = {"id": f"cmpl-{self.index}-{s.rid}", "object": "chat.completion" if chat else "text_completion",
+                      "created": int(time.time()), "model": self.model, "choices": [choice], "usage": self._usage(s)}
+            if prefill_leg:  # where its KV is, for the decode instance (llm-d's step 3)
+                answer[pd.KV_TRANSFER_PARAMS] = pd.prefill_params(self, prompt_tokens)
+            return web.json_response(answer, headers=headers)
         finally:
             self._forget(s)
             if tr is not None:
                 self._transports.discard(tr)
 
-    async def _stream(self, request: web.Request, s: _Stream, chat: bool, body: dict) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    async def _stream(self, request: web.Request, s: _Stream, chat: bool, body: dict,
+                      headers: dict[str, str] | None = None) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **(headers or {})})
         await resp.prepare(request)
         want_ids = bool(body.get("return_token_ids"))
         usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -445,6 +512,9 @@ class FleetConfig:
     scheduler: str = "fcfs"
     chunked_prefill: bool | None = None
     allow_kill: bool = False  # serve POST /lbbench/kill (fault injection)
+    #: the link between the fleet's instances for prefill/decode (``lbbench.kv_links.parse_kv_link``); any instance
+    #: takes either leg (``lbbench.engines.vllm.pd``), a fleet's roles are for its routers
+    kv_link: str = DEFAULT_LINK
 
     def instance_profiles(self) -> list[Profile]:
         return list(self.profiles) if self.profiles is not None else [self.profile] * self.num_instances
@@ -453,10 +523,11 @@ class FleetConfig:
 async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
     """Start one emulated server per instance, each timed by its own profile, on consecutive (or free) ports."""
     out = []
+    fabric = KVFabric(parse_kv_link(cfg.kv_link))
     for i, profile in enumerate(cfg.instance_profiles()):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
         inst = EmulatedInstance(profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
-                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill)
+                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill, fabric=fabric)
         try:
             await inst.start(cfg.host, port)
         except OSError as exc:
