@@ -31,7 +31,11 @@ weigh). A prediction is floored at 0.
 Options chosen on tuning data only (seeds 1000-1001 of the agentic and shared-prefix workloads and the first quarter
 of the Mooncake trace, 4 x ``llama3.1-8b-a100``, 600 requests; ``docs/routers.md``): ``prior_var`` 0.01 of 0.01, 1,
 100 (the sum of the five mean TTFTs 0.941 s against 0.983 and 0.981 s); at prior_var 1: ``forget`` 0.999 of 0.99, 0.999, 1 (0.977,
-0.983, 0.982 s: a tie, kept); ``decode_weight`` 0.1 as ``cache_length_aware`` (0 gave 0.963 s, 0.3 1.088 s).
+0.983, 0.982 s: a tie, kept); ``decode_weight`` 0.1 as ``cache_length_aware`` (0 gave 0.963 s, 0.3 1.088 s); then at prior_var 0.01, ``hit_weight``
+1.5 of 1, 1.5, 2, 3 (0.884, against 0.941, 0.922 and 0.939 s): a cache hit weighs half again its own prefill saving,
+because a prefix computed once more elsewhere costs the requests after it too (on the shared-prefix workload the
+loss to ``token_affinity`` was all in the first second, while ``cache_length_aware`` spread each group's first
+requests over the instances).
 
 ``learning_curve()`` gives the model's mean absolute error, per block of ``curve_every`` first tokens, of the
 predictions it acted on (made before the update), beside the analytic prior's error on the same requests;
@@ -82,8 +86,9 @@ class OnlineLinear:
                          "model refit (RLS) after every first token of the run; no oracle, no checkpoint")
 class OnlineTTFT(CacheLengthAware):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
-                 forget: float = 0.999, prior_var: float = 0.01, curve_every: int = 100, **kw: Any):
-        super().__init__(num_instances, seed, profile, **kw)
+                 forget: float = 0.999, prior_var: float = 0.01, curve_every: int = 100, hit_weight: float = 1.5,
+                 **kw: Any):
+        super().__init__(num_instances, seed, profile, hit_weight=hit_weight, **kw)
         p = self.prof
         self.w0 = np.array([p.base_s, 1000 * p.prefill_token_s, 1000 * p.prefill_token_s, 0.0, 0.0, 0.0, 1.0])
         self.model = OnlineLinear(self.w0, float(prior_var), float(forget))

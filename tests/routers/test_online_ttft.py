@@ -54,13 +54,15 @@ def test_decision_hand_computed_and_moved_by_the_learned_weights():
     # tiny profile: base_s 0.01, prefill_token_s 1e-3 -> prior weights bias 0.01, own 1, queued 1 (per 1000 tokens)
     r, v = _two_instances()
     assert r.model.w == pytest.approx([0.01, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0])
-    # instance 0: hit 639 (never the last token), own 1, queued 1000: 0.01 + 0.001 + 1.0 = 1.011 s
-    # instance 1: own 640, queued 0: 0.01 + 0.64 = 0.65 s -> instance 1
+    # instance 0: hit 639 (never the last token), own 1, queued 1000: 0.01 + 0.001 + 1.0 = 1.011 s, less the hit's
+    # extra weight (hit_weight 1.5): 0.5 x 639 x 1e-3 = 0.3195 -> 0.6915; instance 1: own 640, queued 0:
+    # 0.01 + 0.64 = 0.65 s -> instance 1
     assert r.route([hreq(1)], v, 0.0).instance == 1
     # the model has learned that queued prefill costs a tenth of the prior's figure (V1: it overlaps decodes)
     r, v = _two_instances()
     r.model.w = np.array([0.01, 1.0, 0.1, 0.0, 0.0, 0.0, 1.0])
-    # instance 0: 0.01 + 0.001 + 0.1 = 0.111 s; instance 1: 0.65 s -> instance 0
+    # instance 0: 0.01 + 0.001 + 0.1 - 0.3195 = -0.2085; instance 1: 0.65 s -> instance 0
+    assert r.hit_weight == 1.5
     assert r.route([hreq(2)], v, 0.0).instance == 0
 
 
