@@ -44,12 +44,30 @@ def test_headroom_rows_roles_and_shares(headroom_json):
             assert r["headroom_captured"] == pytest.approx((rr - r["mean_e2e_s"]) / (rr - plan))
         else:  # no headroom found: the share is undefined
             assert r["headroom_captured"] is None
+        rr_t, plan_t = rows["round robin"]["mean_ttft_s"], rows["planner"]["mean_ttft_s"]
+        if rr_t > plan_t:
+            assert r["headroom_captured_ttft"] == pytest.approx((rr_t - r["mean_ttft_s"]) / (rr_t - plan_t))
+        else:
+            assert r["headroom_captured_ttft"] is None
     # every part is an ordinary run directory; the evaluation never ran on the tuning seeds
     for part in ("tuning", "baselines", "routers", "planner", "planner-reorder"):
         assert (out / part / "requests.parquet").is_file(), part
     assert set(pl.read_parquet(out / "tuning" / "requests.parquet")["seed"].unique()) == {1000}
     assert set(pl.read_parquet(out / "planner" / "requests.parquet")["seed"].unique()) == {0, 1}
     assert pl.read_parquet(out / "headroom.parquet").height == len(doc["rows"])
+
+
+def test_headroom_with_prefix_caching_reports_ttft(tmp_path):
+    res = invoke("headroom", "--profile", "llama3.1-8b-a100", "--instances", "2", "--workload", "agentic",
+                 "--prefix-caching", "on", "--requests", "40", "--rate", "10", "--seeds", "1", "--tuning-seeds", "1",
+                 "--no-reorder", "--router", "online_ttft", "--router-opt", "lookahead.horizon_s=1",
+                 "--router-opt", "lookahead.base=precise_prefix", "--format", "json", "--out", str(tmp_path))
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert {r["router"] for r in rows} >= {"round_robin", "online_ttft", "lookahead"}
+    assert all(r["mean_ttft_s"] > 0 for r in rows)
+    hits = pl.read_parquet(tmp_path / "routers" / "requests.parquet")["cached_prompt_tokens"].sum()
+    assert hits > 0  # prefix caching reached the parts
 
 
 def test_headroom_html_and_table_label_the_planner_an_oracle(tmp_path):

@@ -27,7 +27,8 @@ from .run import config_from_flags, run_cmd
 _SHOWN = [("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50"), ("p99_e2e_s", "p99"),
           ("preemptions", "preempt."), ("mean_router_wait_s", "router wait"),
           ("improvement_vs_round_robin_pct", "vs RR (%)"), ("vs_best_baseline_pct", "vs best (%)"),
-          ("headroom_captured", "headroom captured"), ("headroom_captured_reorder", "vs reorder planner")]
+          ("headroom_captured", "headroom captured"), ("headroom_captured_reorder", "vs reorder planner"),
+          ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT"), ("headroom_captured_ttft", "TTFT headroom")]
 
 
 def _fmt(col: str, v: Any) -> str:
@@ -38,7 +39,7 @@ def _fmt(col: str, v: Any) -> str:
     if col.endswith("_pct"):
         return f"{v:+.2f}"
     if isinstance(v, float):
-        return f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}"
+        return f"{v:.3f}" if col.endswith("ttft_s") else (f"{v:.2f}" if abs(v) < 10 else f"{v:.1f}")
     return str(v)
 
 
@@ -89,6 +90,8 @@ def render_html(rows: list[dict[str, Any]], title: str, notes: list[str]) -> str
 @click.option("--reorder/--no-reorder", default=True, show_default=True,
               help="Also run the planner that may take any queued request (slower).")
 @click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True)
+@click.option("--prefix-caching", type=click.Choice(["profile", "on", "off"]), default="profile", show_default=True,
+              help="As `lbbench run --prefix-caching` (the planner's forks keep each instance's cache).")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
               help="Processes the simulated units run in.")
 @ray_option
@@ -110,7 +113,7 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
 
     flags = dict(run_cmd.make_context("run", []).params)  # lbbench run's defaults for what headroom leaves out
     flags.update({k: kw[k] for k in ("profile", "instances", "fleet", "workload", "trace", "rate", "requests",
-                                     "predictor", "seeds", "seed", "burstiness", "jobs", "router_opts")})
+                                     "predictor", "seeds", "seed", "burstiness", "jobs", "router_opts", "prefix_caching")})
     asked = split_csv(kw["routers"])
     flags["routers"] = ",".join(dict.fromkeys(["round_robin", *asked, *(o.partition(".")[0] for o in
                                                                      kw["router_opts"])]))
@@ -137,7 +140,7 @@ def headroom(ctx: click.Context, **kw: Any) -> None:
              f"tuning seeds {res.tuning_seeds[0]}-{res.tuning_seeds[-1]} (never the evaluation seeds)",
              f"strongest router x instance scheduler: {res.best_baseline or '-'} (chosen on the evaluation seeds)",
              "lookahead is an oracle planner, not deployable: it sees true lengths and future arrivals; "
-             "headroom captured = (RR - router) / (RR - planner) on mean E2E"]
+             "headroom captured = (RR - router) / (RR - planner) on mean E2E (TTFT: the same on mean TTFT)"]
     if kw["fmt"] == "json":
         click.echo(json.dumps({"title": title, "complete": res.complete, "best_heuristic": res.best_heuristic,
                                "tuning_seeds": res.tuning_seeds, "strongest_combination": res.best_baseline,

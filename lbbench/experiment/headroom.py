@@ -56,7 +56,8 @@ PLANNER_REORDER = "lookahead+reorder"
 COLUMNS: tuple[str, ...] = ("role", "router", "instance_scheduler", "deployable", "seeds", "mean_e2e_s",
                             "mean_e2e_std_s", "p50_e2e_s", "p99_e2e_s", "preemptions", "mean_router_wait_s",
                             "improvement_vs_round_robin_pct", "vs_best_baseline_pct", "headroom_captured",
-                            "headroom_captured_reorder")
+                            "headroom_captured_reorder", "mean_ttft_s", "mean_ttft_std_s", "p99_ttft_s",
+                            "headroom_captured_ttft")
 
 
 @dataclass
@@ -171,11 +172,14 @@ def headroom_table(frames: list[pl.DataFrame], best: str | None, tune: list[int]
     rr = rows.get(("round_robin", "fcfs"), {}).get("mean_e2e_s")
     plan = rows.get((PLANNER, "fcfs"), {}).get("mean_e2e_s")
     plan_re = rows.get((PLANNER_REORDER, "fcfs"), {}).get("mean_e2e_s")
+    rr_ttft = rows.get(("round_robin", "fcfs"), {}).get("mean_ttft_s")
+    plan_ttft = rows.get((PLANNER, "fcfs"), {}).get("mean_ttft_s")
 
-    def share(m: float | None, p: float | None) -> float | None:
-        if rr is None or p is None or m is None or not rr - p > 0:
+    def share(m: float | None, p: float | None, ref: float | None = None) -> float | None:
+        ref = rr if ref is None else ref
+        if ref is None or p is None or m is None or not ref - p > 0:
             return None
-        return (rr - m) / (rr - p)
+        return (ref - m) / (ref - p)
 
     picked: list[tuple[str, tuple[str, str]]] = [("round robin", ("round_robin", "fcfs")),
                                                  ("random", ("random", "fcfs"))]
@@ -200,6 +204,9 @@ def headroom_table(frames: list[pl.DataFrame], best: str | None, tune: list[int]
             "improvement_vs_round_robin_pct": None if rr is None else 100.0 * (rr - m) / rr,
             "vs_best_baseline_pct": row.get("vs_best_baseline_pct"),
             "headroom_captured": share(m, plan), "headroom_captured_reorder": share(m, plan_re),
+            "mean_ttft_s": row.get("mean_ttft_s"), "mean_ttft_std_s": row.get("mean_ttft_std_s"),
+            "p99_ttft_s": row.get("p99_ttft_s"),
+            "headroom_captured_ttft": share(row.get("mean_ttft_s"), plan_ttft, rr_ttft),
         })
     schema = {"role": pl.String, "router": pl.String, "instance_scheduler": pl.String, "deployable": pl.Boolean,
               "seeds": pl.Int64, **{c: pl.Float64 for c in COLUMNS[5:]}}

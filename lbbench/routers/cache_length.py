@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..core import ClusterView, Decision, Event, Request
+from ..core import ClusterView, Decision, Event, InstanceView, Request
 from ..profiles import Profile, load_profile
 from .heuristics import _Base
 from .kv_overlap import PendingPrefill
@@ -75,6 +75,14 @@ class CacheLengthAware(_Base):
         self.prefill.on_event(ev)
 
     # ------------------------------------------------------------------ routing
+    def ttft_estimate(self, iv: InstanceView, uncached_tokens: int, pending_tokens: int, slot_wait_s: float) -> float:
+        """Time to first token there: the uncached prompt work queued ahead plus the request's own, at the
+        profile's prefill speed, plus one base step and the wait for a free sequence slot."""
+        return self.prof.prefill_token_s * (pending_tokens + uncached_tokens) + self.prof.base_s + slot_wait_s
+
+    def dispatched(self, request: Request, instance: int, now_s: float) -> None:
+        """Hook: the request goes to ``instance`` now (a learned subclass remembers what it predicted)."""
+
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         r = queue[0]
         p = self.prof
@@ -96,10 +104,11 @@ class CacheLengthAware(_Base):
             ctx = iv.context_tokens + r.prompt_tokens + out / 2
             step = base + b * (n_dec + 1) + c * ctx
             mean_left = iv.predicted_tokens_remaining / max(1, iv.num_outstanding)
-            ttft = a * (pending[iv.index] + uncached) + base
+            slot_wait_s = 0.0
             excess = iv.num_outstanding + 1 - iv.spec.max_num_seqs
             if excess > 0:  # no free sequence slot: it waits for finishes (n_dec finish per mean_left steps)
-                ttft += excess * mean_left * step / max(1, n_dec)
+                slot_wait_s = excess * mean_left * step / max(1, n_dec)
+            ttft = self.ttft_estimate(iv, uncached, pending[iv.index], slot_wait_s)
             others = n_dec * (a * uncached + min(out, mean_left) * (b + c * (r.prompt_tokens + out / 2)))
             # a hit also keeps the prefix on one instance for the requests that follow
             costs[iv.index] = ttft + self.decode_weight * (out * step + others) - (self.hit_weight - 1) * a * hit
@@ -120,6 +129,7 @@ class CacheLengthAware(_Base):
             inst = self._argmin(view, lambda iv: -headroom.get(iv.index, float("-inf")))
         assert inst is not None
         hit = min(self.trees.match_tokens(inst, r), r.prompt_tokens - 1)
+        self.dispatched(r, inst, now_s)
         self.prefill.dispatched(r, inst, r.prompt_tokens - hit)
         self.trees.insert(inst, r)
         return Decision(0, inst)

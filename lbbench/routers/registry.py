@@ -29,7 +29,8 @@ class RouterInfo:
 
 _REGISTRY: dict[str, RouterInfo] = {}
 _LAZY_MODULES = ("lbbench.routers.heuristics", "lbbench.routers.late_binding", "lbbench.routers.rl",
-                 "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.lookahead",
+                 "lbbench.routers.cache_aware", "lbbench.routers.cache_length", "lbbench.routers.online_ttft",
+                 "lbbench.routers.lookahead",
                  "lbbench.routers.capacity", "lbbench.routers.kv_overlap", "lbbench.routers.token_affinity",
                  "lbbench.routers.predicted_latency", "lbbench.routers.precise_prefix", "lbbench.routers.pd")
 
