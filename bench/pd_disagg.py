@@ -12,8 +12,9 @@ Three experiments, every number a mean over paired seeds (the same requests per 
 3. ``splitwise``: at equal cost, uniform A100 (4), uniform H100 (2) and H100 prefill + A100 decode (1 + 2):
    the highest rate with >= 90 % attainment (bisection) on Splitwise's two trace shapes.
 
-Engine: vLLM V1 with chunked prefill and a 2,048-token step budget on every instance (the shipped profiles are
-V0 without chunked prefill; DistServe's baseline was V0-era vLLM, so experiment 2 also runs V0 aggregated).
+Engine: vLLM V1 with chunked prefill and a 2,048-token step budget on every instance (the shipped llama3.1-8b
+profiles are V1 with chunked prefill; the H100's own budget is 8,192). DistServe's baseline was V0-era vLLM, so
+experiment 2 also runs V0 aggregated, on the shipped ``llama3.1-8b-a100-v0`` profile.
 KV link: 400 Gb/s RDMA (``rdma-400g``). Prices for experiment 3: an H100 GPU-hour costs 2 A100 GPU-hours
 (the example price file's placeholder ratio, an assumption).
 
@@ -149,7 +150,7 @@ def exp_distserve(args) -> None:
     # on A100 (the closest shipped profile; its decode step is ~15 ms where OPT-13B's is several times longer),
     # lognormal lengths with ShareGPT-like means (an assumption), and a tight TPOT of 25 ms beside DistServe's.
     p, o = (750, 1.0), (200, 1.0)
-    a100_v1, a100_v0 = v1("llama3.1-8b-a100"), load_profile("llama3.1-8b-a100")
+    a100_v1, a100_v0 = v1("llama3.1-8b-a100"), load_profile("llama3.1-8b-a100-v0")
     fleets = {"aggregated 4, V0 (DistServe's baseline)": ([(a100_v0, 4, "mixed")], "jsq"),
               "aggregated 4, V1 chunked": ([(a100_v1, 4, "mixed")], "jsq"),
               **{f"{k}P+{4 - k}D pd_joint": ([(a100_v1, k, "prefill"), (a100_v1, 4 - k, "decode")], "pd_joint")
