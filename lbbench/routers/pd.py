@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..core import ClusterView, Dispatched, Event, Failed, InstanceView, PairDecision, Request
+from ..core import ClusterView, Dispatched, Event, Failed, Finished, FirstToken, InstanceView, PairDecision, Request
 from ..errors import InputError
 from ..kv_links import DEFAULT_LINK, parse_kv_link
 from ..kv_links import kv_bytes_per_token as profile_kv_bytes_per_token
@@ -216,9 +216,14 @@ class _Committed:
         self.num_requests[decode] += 1
 
     def on_event(self, ev: Event) -> None:
-        # its transfer starts (``Dispatched`` on its decode instance) or its prefill leg fails: no longer committed
+        # no longer committed once its decode instance shows it (its transfer starts: ``Dispatched`` there; a
+        # backend that reports no transfer start: its first token or its end there) or once it fails anywhere
         if isinstance(ev, Dispatched):
             rid = ev.request.request_id
+            if self.decode_of.get(rid) != ev.instance:
+                return
+        elif isinstance(ev, (FirstToken, Finished)):
+            rid = ev.request_id
             if self.decode_of.get(rid) != ev.instance:
                 return
         elif isinstance(ev, Failed):

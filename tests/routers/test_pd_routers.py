@@ -161,6 +161,19 @@ def test_joint_forgets_a_pair_whose_prefill_failed():
     assert router.committed.num_requests == [0, 0, 0, 0] and not router.committed.decode_of
 
 
+def test_joint_forgets_a_pair_whose_first_token_comes_from_its_decode_instance():
+    # a backend that reports no transfer start: the first token on the decode instance ends the commitment,
+    # the prefill leg's own token (on the prefill instance) does not
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((0, 0))
+    r1 = _req(1, 1000)
+    _send(router, state, r1, _route(router, r1, state))
+    router.on_event(FirstToken(1, 0, 0.22))
+    assert router.committed.num_requests == [0, 0, 1, 0]
+    router.on_event(FirstToken(1, 2, 0.3))
+    assert router.committed.num_requests == [0, 0, 0, 0] and not router.committed.decode_of
+
+
 def test_no_decode_candidate_defers():
     state = ClusterState([InstanceSpec(role="prefill")])
     for name in ("pd_llmd", "pd_dynamo", "pd_vllm", "pd_joint"):
