@@ -12,12 +12,13 @@ Three experiments, every number a mean over paired seeds (the same requests per 
 3. ``splitwise``: at equal cost, uniform A100 (4), uniform H100 (2) and H100 prefill + A100 decode (1 + 2):
    the highest rate with >= 90 % attainment (bisection) on Splitwise's two trace shapes.
 
-Engine: vLLM V1 with chunked prefill and a 2,048-token step budget on every instance (the shipped profiles are
-V0 without chunked prefill; DistServe's baseline was V0-era vLLM, so experiment 2 also runs V0 aggregated).
+Engine: vLLM V1 with chunked prefill and a 2,048-token step budget on every instance (the shipped llama3.1-8b
+profiles are V1 with chunked prefill; the H100's own budget is 8,192). DistServe's baseline was V0-era vLLM, so
+experiment 2 also runs V0 aggregated, on the shipped ``llama3.1-8b-a100-v0`` profile.
 KV link: 400 Gb/s RDMA (``rdma-400g``). Prices for experiment 3: an H100 GPU-hour costs 2 A100 GPU-hours
 (the example price file's placeholder ratio, an assumption).
 
-    python bench/pd_disagg.py [--seeds 5] [--requests 800] [--only workloads|distserve|splitwise]
+    python bench/pd_disagg.py [--seeds 5] [--first-seed 0] [--requests 800] [--only workloads|distserve|splitwise]
 """
 
 from __future__ import annotations
@@ -71,9 +72,32 @@ def metrics(recs, ttft_slo_s: float | None = None, tpot_slo_s: float | None = No
     return out
 
 
-def over_seeds(fleet, router, make_reqs, seeds, **slo) -> dict[str, tuple[float, float]]:
-    rows = [metrics(simulate(fleet, router, make_reqs(s), s), **slo) for s in range(seeds)]
+def per_seed(fleet, router, make_reqs, seeds: range, **slo) -> list[dict[str, float]]:
+    """``metrics`` of each seed's run."""
+    return [metrics(simulate(fleet, router, make_reqs(s), s), **slo) for s in seeds]
+
+
+def mean_std(rows: list[dict[str, float]]) -> dict[str, tuple[float, float]]:
     return {k: (float(np.mean([r[k] for r in rows])), float(np.std([r[k] for r in rows]))) for k in rows[0]}
+
+
+def over_seeds(fleet, router, make_reqs, seeds: range, **slo) -> dict[str, tuple[float, float]]:
+    return mean_std(per_seed(fleet, router, make_reqs, seeds, **slo))
+
+
+def paired_lines(fname: str, runs: dict[str, list[dict[str, float]]], ours: str = "pd_joint") -> list[str]:
+    """``ours`` minus each other router, paired by seed: mean ± std of the differences, and the seeds it wins."""
+    out = []
+    for router, rows in runs.items():
+        if router == ours:
+            continue
+        diff = [{k: a[k] - b[k] for k in a} for a, b in zip(runs[ours], rows)]
+        d = mean_std(diff)
+        wins = sum(x["mean_e2e_s"] < 0 for x in diff)
+        out.append(f"| {fname} | {ours} - {router} | {d['mean_e2e_s'][0]:+.3f} ± {d['mean_e2e_s'][1]:.3f} | "
+                   f"{wins}/{len(diff)} | {d['p99_e2e_s'][0]:+.3f} | {d['p99_ttft_s'][0]:+.3f} | "
+                   f"{1e3 * d['p99_tbt_s'][0]:+.1f} |")
+    return out
 
 
 def exp_workloads(args) -> None:
@@ -90,12 +114,21 @@ def exp_workloads(args) -> None:
         print("|---|---|---|---|---|---|---|---|")
         def make(s, p=p, o=o, rate=rate):
             return poisson(args.requests, rate, s, prompt_tokens=p, output_tokens=o)
+        paired = []
         for fname, fleet in fleets.items():
+            runs = {}
             for router in (("jsq",) if fname.startswith("aggregated") else PAIR_ROUTERS):
-                m = over_seeds(fleet, router, make, args.seeds)
+                runs[router] = per_seed(fleet, router, make, args.seed_range)
+                m = mean_std(runs[router])
                 print(f"| {fname} | {router} | {m['mean_e2e_s'][0]:.3f} ± {m['mean_e2e_s'][1]:.3f} | "
                       f"{m['p99_e2e_s'][0]:.3f} | {m['mean_ttft_s'][0]:.3f} | {m['p99_ttft_s'][0]:.3f} | "
                       f"{1e3 * m['mean_tbt_s'][0]:.1f} | {1e3 * m['p99_tbt_s'][0]:.1f} |", flush=True)
+            if "pd_joint" in runs:
+                paired += paired_lines(fname, runs)
+        print("\npd_joint against each published policy, paired by seed (negative: pd_joint lower):\n")
+        print("| fleet | difference | mean E2E (s) | seeds won | p99 E2E | p99 TTFT | p99 TBT (ms) |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(paired), flush=True)
 
 
 def max_rate(fleet, router, make, seeds, lo, hi, target=0.9, iters=9, **slo) -> float:
@@ -117,7 +150,7 @@ def exp_distserve(args) -> None:
     # on A100 (the closest shipped profile; its decode step is ~15 ms where OPT-13B's is several times longer),
     # lognormal lengths with ShareGPT-like means (an assumption), and a tight TPOT of 25 ms beside DistServe's.
     p, o = (750, 1.0), (200, 1.0)
-    a100_v1, a100_v0 = v1("llama3.1-8b-a100"), load_profile("llama3.1-8b-a100")
+    a100_v1, a100_v0 = v1("llama3.1-8b-a100"), load_profile("llama3.1-8b-a100-v0")
     fleets = {"aggregated 4, V0 (DistServe's baseline)": ([(a100_v0, 4, "mixed")], "jsq"),
               "aggregated 4, V1 chunked": ([(a100_v1, 4, "mixed")], "jsq"),
               **{f"{k}P+{4 - k}D pd_joint": ([(a100_v1, k, "prefill"), (a100_v1, 4 - k, "decode")], "pd_joint")
@@ -134,9 +167,9 @@ def exp_distserve(args) -> None:
         for name, (fleet, router) in fleets.items():
             def make(s, rate):
                 return poisson(args.requests, rate, s, prompt_tokens=p, output_tokens=o)
-            att = [over_seeds(fleet, router, lambda s, r=r: make(s, r), args.seeds, **slo)["attainment"][0]
+            att = [over_seeds(fleet, router, lambda s, r=r: make(s, r), args.seed_range, **slo)["attainment"][0]
                    for r in rates]
-            best = max_rate(fleet, router, make, args.seeds, 1.0, 80.0, **slo)
+            best = max_rate(fleet, router, make, args.seed_range, 1.0, 80.0, **slo)
             print(f"| {name} | " + " | ".join(f"{a:.2f}" for a in att) + f" | {best / 4:.2f} |", flush=True)
 
 
@@ -159,7 +192,7 @@ def exp_splitwise(args) -> None:
         for name, (fleet, router) in fleets.items():
             def make(s, rate, p=p, o=o):
                 return poisson(args.requests, rate, s, prompt_tokens=p, output_tokens=o)
-            best = max_rate(fleet, router, make, args.seeds, 1.0, 120.0, **slo)
+            best = max_rate(fleet, router, make, args.seed_range, 1.0, 120.0, **slo)
             base = base or best
             print(f"| {shape} | {name} | {best:.1f} | {best / base:.2f}x |", flush=True)
 
@@ -168,8 +201,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=800)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds FIRST .. FIRST + seeds - 1 (the docs use 0; tune routers on 1000 and up)")
     ap.add_argument("--only", choices=("workloads", "distserve", "splitwise"), default=None)
     args = ap.parse_args()
+    args.seed_range = range(args.first_seed, args.first_seed + args.seeds)
     t0 = time.perf_counter()
     for name, fn in (("workloads", exp_workloads), ("distserve", exp_distserve), ("splitwise", exp_splitwise)):
         if args.only in (None, name):

@@ -34,8 +34,13 @@ where), into which a disaggregated request goes on both sides (the decode instan
   ``min step + (outstanding + 1) / batch decode speed`` (outstanding: the requests there, those whose KV is on
   its way included). Served whole on ``d``, the request's completion is
   ``d``'s backlog, its own prefill and its decode, and it costs besides the stall its prefill imposes on the
-  requests decoding there (``uncached prompt / prefill speed x decoding``, weighted by ``interference``): so
-  long prompts go whole only when the prefill instances are backed up. Speeds are the ``InstanceSpec``'s.
+  requests decoding on ``d`` meanwhile (``uncached prompt / prefill speed x stalled``, weighted by
+  ``interference``; each decode step there carries a prefill chunk). Stalled: every request outstanding on
+  ``d`` (decoding, or its KV landing or waiting for blocks), and each request the router paired with ``d`` that
+  is still prefilling elsewhere, weighted by the chance its KV lands before that prefill is done (landing
+  assumed even until the prefill instances have done their backlog; ``num_stalled``). So long prompts go whole
+  only when the prefill side is backed up beyond what the decode side's stall costs. Speeds are the
+  ``InstanceSpec``'s.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..core import ClusterView, Event, InstanceView, PairDecision, Request
+from ..core import ClusterView, Dispatched, Event, Failed, Finished, FirstToken, InstanceView, PairDecision, Request
 from ..errors import InputError
 from ..kv_links import DEFAULT_LINK, parse_kv_link
 from ..kv_links import kv_bytes_per_token as profile_kv_bytes_per_token
@@ -198,9 +203,41 @@ class PdVllm(_PairRouter):
         return self.decide(r, self._round_robin("decode", decode_group), p)
 
 
+class _Committed:
+    """``pd_joint``'s count, per decode instance, of the requests it paired there that are still prefilling
+    elsewhere: the view shows a paired request on its decode instance only from its transfer's start."""
+
+    def __init__(self, num_instances: int):
+        self.decode_of: dict[int, int] = {}  # request id -> its decode instance, until its transfer starts
+        self.num_requests = [0] * num_instances
+
+    def sent(self, request: Request, decode: int) -> None:
+        self.decode_of[request.request_id] = decode
+        self.num_requests[decode] += 1
+
+    def on_event(self, ev: Event) -> None:
+        # no longer committed once its decode instance shows it (its transfer starts: ``Dispatched`` there; a
+        # backend that reports no transfer start: its first token or its end there) or once it fails anywhere
+        if isinstance(ev, Dispatched):
+            rid = ev.request.request_id
+            if self.decode_of.get(rid) != ev.instance:
+                return
+        elif isinstance(ev, (FirstToken, Finished)):
+            rid = ev.request_id
+            if self.decode_of.get(rid) != ev.instance:
+                return
+        elif isinstance(ev, Failed):
+            rid = ev.request_id
+        else:
+            return
+        decode = self.decode_of.pop(rid, None)
+        if decode is not None:
+            self.num_requests[decode] -= 1
+
+
 @register("pd_joint", "lbbench's P/D: short uncached prompts served whole, the others on the (prefill, decode) pair "
-                      "or the whole-serving decode instance of least predicted completion (prefill queue and speed, "
-                      "the KV transfer, decode speed, the stall a local prefill imposes)")
+                      "or the whole-serving decode instance of least predicted cost (prefill queue and speed, the KV "
+                      "transfer, decode speed, the stall a local prefill imposes on the requests decoding there)")
 class PdJoint(_PairRouter):
     def __init__(self, num_instances: int, seed: int = 0, profile: Profile | None = None,
                  short_prompt_tokens: int = 16, kv_link: str = DEFAULT_LINK,
@@ -212,6 +249,14 @@ class PdJoint(_PairRouter):
         if kv_bytes_per_token is None:  # the profile's (Llama-3.1-8B's 128 KiB without one)
             kv_bytes_per_token = profile_kv_bytes_per_token(profile) if profile is not None else 131072.0
         self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.committed = _Committed(num_instances)
+
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
+        self.committed = _Committed(self.num_instances)
+
+    def on_event(self, ev: Event) -> None:
+        self.committed.on_event(ev)
 
     @staticmethod
     def _prefill_s(iv: InstanceView, tokens: int) -> float:
@@ -237,13 +282,24 @@ class PdJoint(_PairRouter):
         return (self._prefill_s(p, self.uncached_tokens(prefill, request)) + transfer_s
                 + d.prompt_tokens_pending / d.spec.prefill_tokens_per_s + self._decode_s(d, request))
 
+    def num_stalled(self, view: ClusterView, decode: int, tokens: int) -> float:
+        """How many requests decode on ``decode`` while it prefills ``tokens`` more prompt tokens behind its
+        backlog: those there now, and those it was paired with whose KV lands before that prefill is done. Their
+        KV is assumed to land evenly until the prefill instances have done their backlog."""
+        d = view.instances[decode]
+        window_s = (d.prompt_tokens_pending + tokens) / d.spec.prefill_tokens_per_s
+        drain_s = max((iv.prompt_tokens_pending / iv.spec.prefill_tokens_per_s + iv.spec.min_step_s
+                       for iv in view.instances if iv.healthy and iv.spec.role == "prefill"), default=0.0)
+        landing = 1.0 if drain_s <= window_s else window_s / drain_s
+        return d.num_outstanding + self.committed.num_requests[decode] * landing
+
     def cost_s(self, request: Request, view: ClusterView, decode: int, prefill: int | None) -> float:
-        """What ``route`` minimises: the predicted completion, plus, served whole, the stall of the requests
-        decoding there."""
+        """What ``route`` minimises: the predicted completion, plus, served whole, the stall its prefill imposes
+        on the requests decoding there meanwhile (each waits out the prefill, ``num_stalled``)."""
         t = self.predicted_s(request, view, decode, prefill)
         if prefill is None:
-            d = view.instances[decode]
-            t += self.interference * d.num_decoding * self.uncached_tokens(decode, request) / d.spec.prefill_tokens_per_s
+            d, tokens = view.instances[decode], self.uncached_tokens(decode, request)
+            t += self.interference * self.num_stalled(view, decode, tokens) * tokens / d.spec.prefill_tokens_per_s
         return t
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> PairDecision | None:
@@ -255,4 +311,6 @@ class PdJoint(_PairRouter):
         if prefill_group and min(self.uncached_tokens(i, r) for i in decode_group) > self.short_prompt_tokens:
             options += [(p, d) for p in prefill_group for d in decode_group]
         p, d = min(options, key=lambda o: (self.cost_s(r, view, o[1], o[0]), o[0] is None, o[0] or 0, o[1]))
+        if p is not None:
+            self.committed.sent(r, d)
         return self.decide(r, d, p)

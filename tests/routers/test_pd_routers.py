@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lbbench.core import ClusterState, Dispatched, Finished, FirstToken, InstanceSpec, PairDecision, Request
+from lbbench.core import (ClusterState, Dispatched, Failed, Finished, FirstToken, InstanceSpec, PairDecision, Request,
+                          prefill_leg)
 from lbbench.routers import get_router
 from lbbench.routers.registry import is_pair_router
 
@@ -112,6 +113,65 @@ def test_joint_serves_whole_when_the_prefill_instances_are_backed_up_or_the_prom
     # 10 tokens (<= 16): whole, no pair considered, even with idle prefill instances
     assert _route(router, _req(2, 10), _joint_state((0, 0))) == PairDecision(0, 2, None)
     assert _route(router, _req(3, 200), _joint_state((0, 0))) == PairDecision(0, 2, 0)  # 200: a pair again
+
+
+def _send(router, state, request, decision):
+    """Apply ``decision`` for ``request`` as the dispatcher does: its prefill leg is seen on the prefill instance."""
+    ev = Dispatched(prefill_leg(request) if decision.prefill is not None else request,
+                    decision.prefill if decision.prefill is not None else decision.instance, 0.0)
+    state.apply(ev)
+    router.on_event(ev)
+
+
+def test_joint_charges_a_local_prefill_to_every_request_decoding_there_meanwhile():
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((0, 0))
+    r1 = _req(1, 1000)
+    d1 = _route(router, r1, state)
+    assert d1 == PairDecision(0, 2, 0)  # pair 1.020999 against whole 1.42 (the test above)
+    _send(router, state, r1, d1)
+    assert router.committed.num_requests == [0, 0, 1, 0]
+    # r1 prefills on 0 (1,000 tokens: done in 1000/5000 + 0.02 = 0.22 s); a 1,000-token prefill on decode 2
+    # takes 0.2 s, so r1's KV is expected to land within it with probability 0.2 / 0.22: it is stalled too
+    view = state.view()
+    assert router.num_stalled(view, 2, 1000) == pytest.approx(2 + 0.2 / 0.22)
+    assert router.num_stalled(view, 3, 1000) == pytest.approx(2)
+    r2 = _req(2, 1000)
+    assert router.cost_s(r2, view, 2, None) == pytest.approx(1.02 + (2 + 0.2 / 0.22) * 0.2)
+    # a 4,000-token prefill on decode 2 outlasts r1's prefill (0.8 s > 0.22 s): r1 counts whole
+    assert router.num_stalled(view, 2, 4000) == pytest.approx(3)
+    # r1's prefill is done and its transfer starts: the view shows it on decode 2, no longer committed
+    for ev in (Finished(1, 0, 0.22, 1), Dispatched(r1, 2, 0.22)):
+        state.apply(ev)
+        router.on_event(ev)
+    assert router.committed.num_requests == [0, 0, 0, 0]
+    view = state.view()
+    assert view.instances[2].num_outstanding == 3 and view.instances[2].num_decoding == 2
+    # it is not decoding yet, but will be during the prefill: 3 stalled
+    assert router.num_stalled(view, 2, 1000) == pytest.approx(3)
+
+
+def test_joint_forgets_a_pair_whose_prefill_failed():
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((0, 0))
+    r1 = _req(1, 1000)
+    d1 = _route(router, r1, state)
+    _send(router, state, r1, d1)
+    router.on_event(Failed(1, 0, 0.1, "prefill failed"))
+    assert router.committed.num_requests == [0, 0, 0, 0] and not router.committed.decode_of
+
+
+def test_joint_forgets_a_pair_whose_first_token_comes_from_its_decode_instance():
+    # a backend that reports no transfer start: the first token on the decode instance ends the commitment,
+    # the prefill leg's own token (on the prefill instance) does not
+    router = get_router("pd_joint", num_instances=4, kv_link="1e9", kv_bytes_per_token=1000.0)
+    state = _joint_state((0, 0))
+    r1 = _req(1, 1000)
+    _send(router, state, r1, _route(router, r1, state))
+    router.on_event(FirstToken(1, 0, 0.22))
+    assert router.committed.num_requests == [0, 0, 1, 0]
+    router.on_event(FirstToken(1, 2, 0.3))
+    assert router.committed.num_requests == [0, 0, 0, 0] and not router.committed.decode_of
 
 
 def test_no_decode_candidate_defers():

@@ -104,8 +104,9 @@ def test_every_request_finishes_once_in_stage_order(rows, router, caching):
     prof = tiny_profile(num_kv_blocks=40, max_model_len=120, kv_bytes_per_block=4 * BPT)
     reqs = [req(i, t, p, o) for i, (t, p, o) in enumerate(sorted(rows))]
     sim = _sim(prof, ["prefill", "prefill", "decode", "mixed"], reqs, prefix_caching=caching)
-    recs = sim.run(get_router(router, num_instances=4, seed=0, profile=prof, **(
-        {"short_prompt_tokens": 8} if router == "pd_joint" else {})))
+    router_obj = get_router(router, num_instances=4, seed=0, profile=prof, **(
+        {"short_prompt_tokens": 8} if router == "pd_joint" else {}))
+    recs = sim.run(router_obj)
     assert sorted(r.request_id for r in recs) == list(range(len(reqs)))
     for r in recs:
         assert r.error is None and r.generated_tokens == r.output_tokens
@@ -117,6 +118,8 @@ def test_every_request_finishes_once_in_stage_order(rows, router, caching):
         assert r.first_token_s <= r.finish_s
     for inst in sim.instances:
         assert inst.used_blocks == 0 and not inst.reqs
+    if router == "pd_joint":  # every pair it committed to a decode instance reached it
+        assert router_obj.committed.num_requests == [0] * 4 and not router_obj.committed.decode_of
 
 
 def test_a_plain_decision_on_a_role_fleet_serves_whole():
