@@ -67,7 +67,7 @@ from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, R
 from ..dispatch import Router
 from ..engines import Engine, get_engine
 from ..errors import InputError
-from ..live.http import HttpBackend, StreamResult
+from ..live.http import HttpBackend, StreamResult, prompt_token_ids
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.load_workers import LoadWorkers, LoadWorkerSettings, worker_summary
 from ..live.memtrace import MemTrace
@@ -257,6 +257,10 @@ class ReplaySettings:
     stops: every request not yet sent is recorded with error ``not sent: saturated`` and, with ``cancel``, every
     request in flight is aborted and recorded as failed with ``cancelled: saturated`` (``drain`` lets them
     finish). The result stays complete: every request has its record."""
+    kv_events: Sequence[str | None] | None = None
+    """One ZMQ address per endpoint (None for one that publishes nothing): the instances' KV-event publishers
+    (vLLM's ``--kv-events-config``, ``serve-sim --kv-events-port-base``), read by ``lbbench.live.kv_events`` into
+    the index of a router that reads KV events (``precise_prefix``)."""
 
 
 class _Replay:
@@ -301,6 +305,7 @@ class _Replay:
         self.finished = asyncio.Event()  # every request has its record
         self.stop = asyncio.Event()  # interrupted, or a task crashed
         self._last_progress_s = 0.0
+        self.kv_feed = None  # KVEventFeed (``settings.kv_events``)
 
     # -- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -319,6 +324,7 @@ class _Replay:
                                    request_timeout_s=self.s.request_timeout_s) as backend, \
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
                 self.backend, self.session = backend, session
+                self._start_kv_events()
                 await self._warm_pool()
                 if self.s.stream_workers:
                     self.workers = self._start_workers()
@@ -341,6 +347,8 @@ class _Replay:
                 waiters = [asyncio.create_task(self.finished.wait()), asyncio.create_task(self.stop.wait())]
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 self.drive.close()
+                if self.kv_feed is not None:
+                    await self.kv_feed.close()
                 for t in [*tasks, *waiters, *self.in_flight]:
                     t.cancel()
                 await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
@@ -366,6 +374,22 @@ class _Replay:
             sends = res.frame().select("load_worker", "actual_send_s", "planned_send_s").collect()
             res.load_workers = worker_summary(self.lw.info, sends, self.lw.clock_history)
         return res
+
+    def _start_kv_events(self) -> None:
+        """Subscribe to the instances' KV events for a router that reads them (token-id prompts only: a text
+        prompt's blocks are unknown to the router and match nothing)."""
+        if not self.s.kv_events or getattr(self.router, "bind_kv_events", None) is None:
+            return
+        from ..live.kv_events import KVEventFeed  # lazy: the live extra
+        texts = self.s.prompt_texts or {}
+
+        def tokens_of(r: Request) -> list[int] | None:
+            if r.prompt is not None or r.request_id in texts:
+                return None
+            return prompt_token_ids(r)
+        self.kv_feed = KVEventFeed(self.s.kv_events, self.now, tokens_of)
+        self.kv_feed.bind(self.router)
+        self.kv_feed.start()
 
     def _start_workers(self):
         settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,

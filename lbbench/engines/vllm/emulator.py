@@ -21,6 +21,11 @@ thread (tests, benchmarks) and can ``kill`` one instance abruptly: it stops
 listening and drops every open connection, as a crashed server would. A fleet
 started with ``allow_kill`` (``serve-sim --allow-kill``) also lets a client crash
 one instance with ``POST /lbbench/kill``.
+
+A token-id prompt is cached by content, as vLLM's prefix cache does
+(``kv_publisher.content_request``); with ``kv_events_port_base`` (``serve-sim
+--kv-events-port-base``) instance ``i`` publishes its KV events on that port plus
+``i`` in vLLM's wire format (``kv_publisher.KVEventPublisher``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ... import __version__
 from ...core import Failed, Finished, FirstToken, Request
 from ...profiles import Profile, load_profile
 from ...sim.instance import SimInstance
+from .kv_publisher import KVEventPublisher, content_request, prompt_token_ids
 from .metrics_page import render_metrics
 
 
@@ -130,11 +136,15 @@ class EmulatedInstance:
     """One emulated server: an aiohttp app around a ``SimInstance``."""
 
     def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
-                 scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False):
+                 scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False,
+                 kv_events: str | None = None, prefix_caching: bool | None = None):
         self.profile = profile
+        self.kv_events = kv_events  # the ZMQ address its KV events are published on (None: not published)
+        self.kv_publisher: KVEventPublisher | None = None
         self.index = index
         self.model = model or profile.model or "sim"
-        self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill)
+        self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill,
+                               prefix_caching=prefix_caching)
         self._priority: dict[int, int] = {}  # request -> the `priority` field it was sent with
         self.sim.priority_of = lambda r: self._priority.get(r.request_id, 0)
         self.streams: dict[int, _Stream] = {}
@@ -159,6 +169,9 @@ class EmulatedInstance:
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
+        if self.kv_events is not None:
+            self.kv_publisher = KVEventPublisher(self.kv_events, self.profile.block_size)
+            self.sim.kv.subscribe(self.kv_publisher.on_event)
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([
             web.get("/health", self._health), web.get("/v1/models", self._models),
@@ -186,6 +199,13 @@ class EmulatedInstance:
             await asyncio.gather(self._driver, return_exceptions=True)
         if self.runner is not None:
             await self.runner.cleanup()
+        self._close_publisher()
+
+    def _close_publisher(self) -> None:
+        if self.kv_publisher is not None:
+            self.sim.kv.unsubscribe(self.kv_publisher.on_event)
+            self.kv_publisher.close()
+            self.kv_publisher = None
 
     async def kill(self) -> None:
         """Die abruptly: stop listening and drop every open connection."""
@@ -199,6 +219,7 @@ class EmulatedInstance:
             self._driver.cancel()
         if self.runner is not None:
             await self.runner.cleanup()
+        self._close_publisher()
 
     # -- the engine, on the wall clock -----------------------------------------------
     def _poke(self) -> None:
@@ -260,14 +281,21 @@ class EmulatedInstance:
             else:
                 await self._wake
 
-    def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0) -> _Stream:
+    def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0,
+                token_ids: list[int] | None = None) -> _Stream:
         rid = next(self._ids)
         self._priority[rid] = priority
         s = _Stream(rid, prompt_tokens, output_tokens)
         self.streams[rid] = s
         self.prompt_tokens_total += prompt_tokens
         now = self.now()
-        self._apply(self.sim.add(Request(rid, now, prompt_tokens, output_tokens), now))
+        if token_ids is None:
+            req = Request(rid, now, prompt_tokens, output_tokens)
+        else:
+            req = content_request(rid, now, token_ids, output_tokens, self.profile.block_size)
+            if self.kv_publisher is not None:
+                self.kv_publisher.remember(req, token_ids)
+        self._apply(self.sim.add(req, now))
         self._poke()
         return s
 
@@ -367,7 +395,7 @@ class EmulatedInstance:
             return web.json_response({"error": {"message": f"The model `{body.get('model')}` does "
                                                 "not exist.", "type": "NotFoundError", "code": 404}},
                                      status=404)
-        s = self._submit(prompt_tokens, max_tokens, priority)
+        s = self._submit(prompt_tokens, max_tokens, priority, None if chat else prompt_token_ids(body))
         if s.error is not None:
             self.streams.pop(s.rid, None)
             return web.json_response({"error": {"message": s.error, "type": "BadRequestError",
@@ -445,6 +473,8 @@ class FleetConfig:
     scheduler: str = "fcfs"
     chunked_prefill: bool | None = None
     allow_kill: bool = False  # serve POST /lbbench/kill (fault injection)
+    kv_events_port_base: int | None = None  # instance i publishes KV events on tcp://host:base+i (None: off)
+    prefix_caching: bool | None = None  # None: as the profile says
 
     def instance_profiles(self) -> list[Profile]:
         return list(self.profiles) if self.profiles is not None else [self.profile] * self.num_instances
@@ -456,7 +486,10 @@ async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
     for i, profile in enumerate(cfg.instance_profiles()):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
         inst = EmulatedInstance(profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
-                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill)
+                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill,
+                                kv_events=None if cfg.kv_events_port_base is None
+                                else f"tcp://{cfg.host}:{cfg.kv_events_port_base + i}",
+                                prefix_caching=cfg.prefix_caching)
         try:
             await inst.start(cfg.host, port)
         except OSError as exc:
