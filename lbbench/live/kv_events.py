@@ -187,7 +187,7 @@ class KVEventFeed:
     def start(self) -> None:
         """Connect a SUB socket to every address and read them in this event loop."""
         import zmq  # lazy: the live extra
-        import zmq.asyncio
+        import zmq.asyncio  # lazy: the live extra
 
         self._ctx = zmq.asyncio.Context()
         for i, addr in enumerate(self.addresses):

@@ -52,7 +52,7 @@ class KVEventPublisher:
 
     def __init__(self, address: str, block_size: int, topic: str = ""):
         import msgspec  # lazy: the live extra
-        import zmq
+        import zmq  # lazy: the live extra
 
         self.address, self.block_size = address, block_size
         self._topic = topic.encode()
