@@ -69,6 +69,9 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
     if needs_kv_events(router) and not kv_events:
         raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
+    bad = [a for a in kv_events if not a.startswith(("tcp://", "ipc://"))]
+    if bad:
+        raise click.BadParameter(f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT", param_hint="--kv-events")
     if kv_events and len(kv_events) != len(urls):
         raise click.BadParameter(f"{len(kv_events)} address(es) for {len(urls)} backend(s): give one per "
                                  "--endpoint, in order", param_hint="--kv-events")

@@ -240,6 +240,12 @@ class LiveFleet:
                 f"load worker {w['worker']} ({w['requests']} requests): clock offset {w['clock_offset_ms']:+.3f} ms "
                 f"(+/- {w['clock_error_ms']:.3f}), dispatch lag p50 {_ms(w['lag_p50_ms'])} p99 {_ms(w['lag_p99_ms'])}"
                 for w in res.load_workers))
+        if res.kv_events is not None:
+            kv = res.kv_events
+            reporter.note(f"{unit.label}: KV events: {kv['batches']} batches, {kv['blocks_stored']} blocks stored, "
+                          f"{kv['blocks_removed']} removed, {kv['batches_missed']} batches missed on the wire, "
+                          f"{kv['blocks_unchained']} blocks skipped (parent unknown)",
+                          warning=kv["batches"] == 0 or kv["batches_missed"] > 0)
         if res.interrupted and res.interrupted.startswith("load worker"):
             reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {res.num_records} finished requests "
                           "are kept", warning=True)

@@ -169,6 +169,8 @@ class ReplayResult:
     failure_times: dict[int, float] = field(default_factory=dict)
     #: run-clock time the backlog was found saturated (``saturation``), else None
     saturated_at_s: float | None = None
+    #: with ``settings.kv_events``: what the KV-event subscriber read (``KVEventFeed.summary``), else None
+    kv_events: dict | None = None
     #: the backlog's growth (requests/s) over the window that saturated
     saturation_slope_per_s: float | None = None
 
@@ -367,6 +369,8 @@ class _Replay:
                            token_times=self.token_times, interrupted=self.interrupted,
                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                            model=self.model, clock_origin_s=self.drive.t0, failure_times=self.failure_times)
+        if self.kv_feed is not None:
+            res.kv_events = self.kv_feed.summary()
         if self.detector is not None and self.detector.saturated:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:

@@ -106,3 +106,30 @@ def test_precise_prefix_through_the_proxy_follows_serve_sims_events(sim_fleet):
     assert fleet.instances[1].num_finished_total == 1 + 5 and fleet.instances[0].num_finished_total == 0
     router.index.catch_up(1e9)
     assert len(router.index.blocks[1]) >= 3 * BLOCK // 16
+
+
+def test_precise_prefix_follows_vllm_cpus_events(tmp_path):
+    from harness.test_live_vllm import _vllm_python_or_skip
+    from lbbench.engines.vllm.launcher import launch
+
+    py = _vllm_python_or_skip()
+    base = free_port_range(4)
+    kv = [f"tcp://127.0.0.1:{base + 2 + i}" for i in range(2)]
+    config = [json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{base + 2 + i}",
+                          "topic": "kv-events"}) for i in range(2)]
+    shared = _requests((91, 92, 93), 5, 0.3)  # 832-token prompts: 6 full blocks of vLLM CPU's 128 tokens
+    reqs = [Request(r.request_id, 4.0 + r.arrival_s, r.prompt_tokens, r.output_tokens,
+                    prefix_hashes=r.prefix_hashes, prefix_block_tokens=BLOCK) for r in shared[1:]]
+    with launch("tiny", 2, vllm_python=py, log_dir=tmp_path / "logs", port_base=base, health_timeout_s=600,
+                max_num_seqs=8, extra_args=["--enable-prefix-caching"],
+                instance_args={i: ["--kv-events-config", config[i]] for i in range(2)}) as endpoints:
+        urls = list(endpoints)
+        router = get_router("precise_prefix", num_instances=2, seed=0)
+        warm = _warm_later(urls[1], "tiny", shared[0], 1.5)
+        res = run_replay(reqs, router, urls, ReplaySettings(run_id="kv-vllm", seed=0, scrape_interval_s=None,
+                                                             kv_events=kv))
+        warm.join()
+    assert res.complete and all(r.error is None for r in res.records)
+    # vLLM CPU's blocks are 128 tokens: the 768-token prefix is 6 of them, each request's own tail adds none
+    assert len(router.index.blocks[1]) >= 6
+    assert [r.instance for r in sorted(res.records, key=lambda r: r.request_id)] == [1] * len(reqs)
