@@ -133,3 +133,19 @@ def test_precise_prefix_follows_vllm_cpus_events(tmp_path):
     # vLLM CPU's blocks are 128 tokens: the 768-token prefix is 6 of them, each request's own tail adds none
     assert len(router.index.blocks[1]) >= 6
     assert [r.instance for r in sorted(res.records, key=lambda r: r.request_id)] == [1] * len(reqs)
+
+
+def test_lbbench_run_with_kv_events_from_the_command_line(sim_fleet, tmp_path):
+    from click.testing import CliRunner
+
+    from lbbench.cli import main
+
+    fleet = sim_fleet
+    args = ["run", "--workload", "inference-perf:groups=2,users=2,system=512,question=64,output=8", "--rate", "8",
+            "--requests", "16", "--router", "precise_prefix", "--out", str(tmp_path / "run")]
+    for url, kv in zip(fleet.endpoints, fleet.kv_events):
+        args += ["--endpoint", url, "--kv-events", kv]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    line = next(x for x in res.output.splitlines() if "KV events:" in x)
+    assert int(line.split("KV events: ")[1].split(" batches")[0]) > 0 and "0 batches missed" in line
