@@ -244,8 +244,8 @@ class LiveFleet:
             kv = res.kv_events
             reporter.note(f"{unit.label}: KV events: {kv['batches']} batches, {kv['blocks_stored']} blocks stored, "
                           f"{kv['blocks_removed']} removed, {kv['batches_missed']} batches missed on the wire, "
-                          f"{kv['blocks_unchained']} blocks skipped (parent unknown)",
-                          warning=kv["batches"] == 0 or kv["batches_missed"] > 0)
+                          f"{kv['blocks_unchained']} blocks skipped (parent unknown), {kv['bad_messages']} unreadable",
+                          warning=kv["batches"] == 0 or kv["batches_missed"] > 0 or kv["bad_messages"] > 0)
         if res.interrupted and res.interrupted.startswith("load worker"):
             reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {res.num_records} finished requests "
                           "are kept", warning=True)

@@ -112,6 +112,7 @@ class KVEventFeed:
         self.num_batches = self.num_stored = self.num_removed = self.num_cleared = 0
         self.num_missed = 0  # batches lost on the wire (gaps in seq)
         self.num_unchained = 0  # stored blocks whose parent hash was never seen
+        self.num_bad = 0  # messages that could not be read (skipped; the run goes on)
         self._ctx = None
         self._tasks: list[asyncio.Task] = []
 
@@ -202,7 +203,11 @@ class KVEventFeed:
     async def _read(self, instance: int, sock: Any) -> None:
         try:
             while True:
-                self.handle(instance, await sock.recv_multipart())
+                frames = await sock.recv_multipart()
+                try:
+                    self.handle(instance, frames)
+                except KVEventsError:
+                    self.num_bad += 1  # a publisher that is not vLLM's format: counted, never a crashed reader
         finally:
             sock.close(0)
 
@@ -217,4 +222,4 @@ class KVEventFeed:
 
     def summary(self) -> dict[str, int]:
         return {"batches": self.num_batches, "blocks_stored": self.num_stored, "blocks_removed": self.num_removed,
-                "cleared": self.num_cleared, "batches_missed": self.num_missed, "blocks_unchained": self.num_unchained}
+                "cleared": self.num_cleared, "batches_missed": self.num_missed, "blocks_unchained": self.num_unchained, "bad_messages": self.num_bad}
