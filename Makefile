@@ -27,7 +27,7 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 # dev: learning extras (torch CPU build, gymnasium, transformers, scikit-learn), plots, test tools
 $(VENV)/.dev: $(VENV)/.core
 	$(PIP) install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[learn,plot,dev,ray]"
+	$(PIP) install --quiet -e ".[learn,plot,dev,ray,live]"
 	touch $@
 
 venv: $(VENV)/.core

@@ -159,6 +159,7 @@ CASES = {
               "--skip-bad-rows", "--time-scale", "2", "--window", "10:", "--max-prompt-tokens", "1000",
               "--prompt-overflow", "truncate"],
     "attach": ["--endpoint", "http://a:1@llama2-7b-v100", "--endpoint", "http://b:2", "--model", "m",
+               "--kv-events", "tcp://a:5557", "--kv-events", "tcp://b:5557",
                "--api", "chat", "--engine", "sglang", "--prompt-mode", "text", "--tokenizer", "tok",
                "--request-timeout", "30", "--load-workers", "2", "--send-lead", "0.05", "--on-saturation",
                "cancel", "--no-saturation-stop"],

@@ -119,9 +119,16 @@ def launch_cmd(model: str, instances: int | None, chunked_prefill: str, max_num_
               help="Also write the endpoint URLs to this file.")
 @click.option("--allow-kill", is_flag=True,
               help="Fault injection: POST /lbbench/kill to an instance crashes it (drops its connections).")
+@click.option("--prefix-caching", type=click.Choice(["on", "off", "profile"]), default="profile",
+              show_default=True, help="Prefix caching of token-id prompts, by content as vLLM's (profile: as the "
+                                      "profile says; on with --kv-events-port-base).")
+@click.option("--kv-events-port-base", type=click.IntRange(1, 65535), default=None,
+              help="Instance I publishes its KV-cache events on tcp://HOST:PORT+I in vLLM's wire format (ZMQ, "
+                   "msgpack), for `lbbench run --kv-events` / `lbbench proxy --kv-events` and precise_prefix.")
 def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None, kv_link: str, port_base: int,
                   host: str, model_name: str | None, instance_scheduler: str, chunked_prefill: str,
-                  endpoints_file: str | None, allow_kill: bool) -> None:
+                  endpoints_file: str | None, allow_kill: bool, prefix_caching: str,
+                  kv_events_port_base: int | None) -> None:
     """Serve emulated vLLM instances (OpenAI-compatible, /metrics) timed by the simulator.
 
     \b
@@ -130,6 +137,9 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
       lbbench serve-sim --fleet llama3.1-8b-a100:1,llama3.1-8b-l4:1 --endpoints-file eps.txt
       lbbench run --endpoints eps.txt --router least_work_speed     # routers assume each URL@PROFILE
       lbbench serve-sim --fleet llama3.1-8b-a100:1:prefill,llama3.1-8b-a100:1:decode --kv-link rdma-400g
+      lbbench serve-sim --instances 2 --port 8200 --kv-events-port-base 5557
+      lbbench run --endpoint http://127.0.0.1:8200 --kv-events tcp://127.0.0.1:5557 \\
+                  --endpoint http://127.0.0.1:8201 --kv-events tcp://127.0.0.1:5558 --router precise_prefix ...
     """
     # lazy: start-up time (the emulator's aiohttp server, ~190 ms)
     from ..engines.vllm.emulator import FleetConfig, resolve_profile, serve_forever
@@ -157,11 +167,22 @@ def serve_sim_cmd(instances: int | None, profile: str | None, fleet: str | None,
         prof = profiles[0] if profiles else resolve_profile(profile or "llama3.1-8b-a100")
     except ProfileError as exc:
         raise click.BadParameter(str(exc).removeprefix("profile: "), param_hint="--profile") from None
+    caching = {"on": True, "off": False, "profile": None}[prefix_caching]
+    if kv_events_port_base is not None:
+        if caching is False:
+            raise click.BadParameter("the instances publish prefix-cache events: not with --prefix-caching off",
+                                     param_hint="--kv-events-port-base")
+        caching = True
     cfg = FleetConfig(prof, len(profiles) if profiles else instances or 2, profiles=profiles, host=host,
                       port_base=port_base, model=model_name,
                       scheduler=instance_scheduler,
                       chunked_prefill={"on": True, "off": False, "profile": None}[chunked_prefill],
-                      allow_kill=allow_kill, kv_link=kv_link)
+                      allow_kill=allow_kill, kv_link=kv_link, kv_events_port_base=kv_events_port_base,
+                      prefix_caching=caching)
+    if kv_events_port_base is not None:
+        n = cfg.num_instances
+        click.echo(f"KV events: tcp://{host}:{kv_events_port_base} .. tcp://{host}:{kv_events_port_base + n - 1}",
+                   err=True)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,9 @@ from .flags import admission_options, parse_value, read_endpoints_file
                    "URL@PROFILE:prefill|decode: a prefill/decode fleet for a pair router (llm-d's P/D protocol).")
 @click.option("--endpoints", "endpoints_file", default=None, type=click.Path(dir_okay=False),
               help="A file with one backend URL per line.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="tcp://HOST:PORT",
+              help="A backend's KV-event publisher (vLLM's --kv-events-config, serve-sim --kv-events-port-base); "
+                   "repeat once per --endpoint, in order. Feeds precise_prefix's index.")
 @click.option("--router", default="round_robin", show_default=True, help="Router name (lbbench routers).")
 @click.option("--router-opt", "router_opts", multiple=True, help="KEY=VALUE option for the router.")
 @click.option("--predictor", default=None, help="Output-length predictor (default: the request's max_tokens).")
@@ -44,7 +47,7 @@ from .flags import admission_options, parse_value, read_endpoints_file
 def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, router_opts: tuple[str, ...],
           predictor: str | None, profile: str | None, host: str, port: int, api_key: str | None,
           max_body_mb: float, max_retries: int, drain_timeout_s: float, seed: int, admission: str | None,
-          tenants: str | None, signal_lag_s: float) -> None:
+          tenants: str | None, signal_lag_s: float, kv_events: tuple[str, ...]) -> None:
     """An OpenAI-compatible gateway (/v1/completions, /v1/chat/completions, streaming or not; /v1/models,
     /health, /metrics) routing with lbbench's dispatcher and ROUTER; drains on SIGTERM."""
     from aiohttp import web  # lazy: start-up time (aiohttp and the gateway, ~190 ms)
@@ -78,8 +81,14 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
                                  "router", param_hint="--router")
     if needs_simulator(router):
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
-    if needs_kv_events(router):
+    if needs_kv_events(router) and not kv_events:
         raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
+    bad = [a for a in kv_events if not a.startswith(("tcp://", "ipc://"))]
+    if bad:
+        raise click.BadParameter(f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT", param_hint="--kv-events")
+    if kv_events and len(kv_events) != len(urls):
+        raise click.BadParameter(f"{len(kv_events)} address(es) for {len(urls)} backend(s): give one per "
+                                 "--endpoint, in order", param_hint="--kv-events")
     r = get_router(router, num_instances=len(urls), seed=seed, profile=fleet_prof, **opts)
     pred = None
     if predictor:
@@ -89,7 +98,7 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
     cfg = ProxyConfig(backends=urls, router=r, specs=specs,
                       predictor=pred, api_key=api_key, max_body_bytes=int(max_body_mb * (1 << 20)),
                       max_retries=max_retries, min_step_s=fleet_prof.min_step_s if fleet_prof else 0.02,
-                      admission=adm, tenants=known, signal_lag_s=signal_lag_s)
+                      admission=adm, tenants=known, signal_lag_s=signal_lag_s, kv_events=list(kv_events))
     gw = Gateway(cfg)
 
     async def main() -> None:

@@ -122,7 +122,7 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
         prefix_caching={"on": True, "off": False}.get(kw["prefix_caching"]),
         kv_link=kw.get("kv_link") or DEFAULT_LINK,
         jobs=kw["jobs"] or max(1, min(len(rates), os.cpu_count() or 1)),
-        endpoints=endpoints, launch_model=kw["launch_model"],
+        endpoints=endpoints, kv_events=list(kw.get("kv_events") or ()), launch_model=kw["launch_model"],
         launch_args=_launch_args(kw.get("launch_args", ())),
         model=kw["model"], api=kw["api"],
         engine=kw["engine"], prompt_mode=kw["prompt_mode"], tokenizer=kw["tokenizer"],
@@ -217,6 +217,9 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
                    "without it, --profile with the KV capacity the engine reports.")
 @click.option("--endpoints", "endpoints_file", type=click.Path(dir_okay=False), default=None,
               help="File with one endpoint URL per line.")
+@click.option("--kv-events", "kv_events", multiple=True, metavar="tcp://HOST:PORT",
+              help="An endpoint's KV-event publisher (vLLM's --kv-events-config, serve-sim --kv-events-port-base); "
+                   "repeat once per --endpoint, in order. Feeds precise_prefix's index.")
 @click.option("--launch", "launch_model", default=None,
               help="Launch local vLLM instances serving MODEL first (`tiny` = a small local test model).")
 @click.option("--launch-args", "launch_args", multiple=True, metavar="I:ARGS",

@@ -201,7 +201,7 @@ _SAME = {
     "saturation_threshold_per_s": "saturation_threshold", "saturation_window_s": "saturation_window",
     "on_saturation": "on_saturation", "decisions": "decisions", "counterfactual": "counterfactual",
     "counterfactual_every": "counterfactual_every", "admission": "admission", "tenants": "tenants",
-    "signal_lag_s": "signal_lag_s", "kv_link": "kv_link",
+    "signal_lag_s": "signal_lag_s", "kv_link": "kv_link", "kv_events": "kv_events",
 }
 #: RunConfig fields set from others (``resolved()``), or read with another field
 _DERIVED = {"backend", "rates", "rate_per_s", "profile", "instances", "fleet"}

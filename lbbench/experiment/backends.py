@@ -232,6 +232,7 @@ class LiveFleet:
             scrape_interval_s=cfg.timeline_interval_s, label=unit.router, stream_workers=cfg.stream_workers,
             load_workers=cfg.load_workers or 0, ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
             keep_token_times=False, saturation=saturation_policy(cfg, requests),
+            kv_events=cfg.kv_events or None,
             progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         res = run_replay(requests, router, self.endpoints, settings)
         if res.load_workers:
@@ -240,6 +241,12 @@ class LiveFleet:
                 f"load worker {w['worker']} ({w['requests']} requests): clock offset {w['clock_offset_ms']:+.3f} ms "
                 f"(+/- {w['clock_error_ms']:.3f}), dispatch lag p50 {_ms(w['lag_p50_ms'])} p99 {_ms(w['lag_p99_ms'])}"
                 for w in res.load_workers))
+        if res.kv_events is not None:
+            kv = res.kv_events
+            reporter.note(f"{unit.label}: KV events: {kv['batches']} batches, {kv['blocks_stored']} blocks stored, "
+                          f"{kv['blocks_removed']} removed, {kv['batches_missed']} batches missed on the wire, "
+                          f"{kv['blocks_unchained']} blocks skipped (parent unknown), {kv['bad_messages']} unreadable",
+                          warning=kv["batches"] == 0 or kv["batches_missed"] > 0 or kv["bad_messages"] > 0)
         if res.interrupted and res.interrupted.startswith("load worker"):
             reporter.note(f"{unit.label}: stopped: {res.interrupted}; the {res.num_records} finished requests "
                           "are kept", warning=True)

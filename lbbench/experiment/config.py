@@ -127,6 +127,9 @@ class RunConfig:
     # -- live backends ----------------------------------------------------------------------------------
     endpoints: list[str] = field(default_factory=list)
     """Attach to these running OpenAI-compatible servers (one instance each)."""
+    kv_events: list[str] = field(default_factory=list)
+    """Attached endpoints: each one's KV-event publisher (a ZMQ address, ``tcp://HOST:PORT``, in ``endpoints``'
+    order), for routers that read KV events (``precise_prefix``; ``lbbench.live.kv_events``)."""
     launch_model: str | None = None
     """Launch ``instances`` local vLLM servers of this model first (``tiny``: the small local test model)."""
     launch_args: dict[int, list[str]] = field(default_factory=dict)
@@ -401,12 +404,18 @@ class RunConfig:
         if self.engine != "vllm" and not self.endpoints:
             raise ConfigError(f"{self.engine}: only for attached endpoints (launched servers are vLLM; the "
                               "simulator has no engine dialect)", "engine")
+        if self.kv_events and len(self.kv_events) != len(self.endpoints):
+            raise ConfigError(f"{len(self.kv_events)} address(es) for {len(self.endpoints)} --endpoint(s): give one "
+                              "per endpoint, in order", "kv_events")
+        bad = [a for a in self.kv_events if not a.startswith(("tcp://", "ipc://"))]
+        if bad:
+            raise ConfigError(f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT", "kv_events")
         if not self.live:
             return
         for r in self.routers:
             if needs_simulator(r):
                 raise ConfigError(ORACLE_REFUSAL.format(name=r), "routers")
-            if needs_kv_events(r):
+            if needs_kv_events(r) and not self.kv_events:
                 raise ConfigError(KV_EVENTS_REFUSAL.format(name=r), "routers")
         if len(self.instance_schedulers) > 1:
             raise ConfigError("a live fleet runs one instance scheduler, its servers' own; give one",

@@ -68,7 +68,7 @@ from ..dispatch import Router
 from ..engines import Engine, get_engine
 from ..engines.vllm.pd import PREFILLER_HEADER, host_port
 from ..errors import InputError
-from ..live.http import HttpBackend, StreamResult
+from ..live.http import HttpBackend, StreamResult, prompt_token_ids
 from ..live.drive import Drive, new_event_loop, probe_health, quiet_gc
 from ..live.load_workers import LoadWorkers, LoadWorkerSettings, worker_summary
 from ..live.memtrace import MemTrace
@@ -170,6 +170,8 @@ class ReplayResult:
     failure_times: dict[int, float] = field(default_factory=dict)
     #: run-clock time the backlog was found saturated (``saturation``), else None
     saturated_at_s: float | None = None
+    #: with ``settings.kv_events``: what the KV-event subscriber read (``KVEventFeed.summary``), else None
+    kv_events: dict | None = None
     #: the backlog's growth (requests/s) over the window that saturated
     saturation_slope_per_s: float | None = None
 
@@ -258,6 +260,10 @@ class ReplaySettings:
     stops: every request not yet sent is recorded with error ``not sent: saturated`` and, with ``cancel``, every
     request in flight is aborted and recorded as failed with ``cancelled: saturated`` (``drain`` lets them
     finish). The result stays complete: every request has its record."""
+    kv_events: Sequence[str | None] | None = None
+    """One ZMQ address per endpoint (None for one that publishes nothing): the instances' KV-event publishers
+    (vLLM's ``--kv-events-config``, ``serve-sim --kv-events-port-base``), read by ``lbbench.live.kv_events`` into
+    the index of a router that reads KV events (``precise_prefix``)."""
 
 
 class _Replay:
@@ -302,6 +308,7 @@ class _Replay:
         self.finished = asyncio.Event()  # every request has its record
         self.stop = asyncio.Event()  # interrupted, or a task crashed
         self._last_progress_s = 0.0
+        self.kv_feed = None  # KVEventFeed (``settings.kv_events``)
 
     # -- clock ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -320,6 +327,7 @@ class _Replay:
                                    request_timeout_s=self.s.request_timeout_s) as backend, \
                     aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)) as session:
                 self.backend, self.session = backend, session
+                self._start_kv_events()
                 await self._warm_pool()
                 if self.s.stream_workers:
                     self.workers = self._start_workers()
@@ -342,6 +350,8 @@ class _Replay:
                 waiters = [asyncio.create_task(self.finished.wait()), asyncio.create_task(self.stop.wait())]
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 self.drive.close()
+                if self.kv_feed is not None:
+                    await self.kv_feed.close()
                 for t in [*tasks, *waiters, *self.in_flight]:
                     t.cancel()
                 await asyncio.gather(*tasks, *waiters, *self.in_flight, return_exceptions=True)
@@ -360,6 +370,8 @@ class _Replay:
                            token_times=self.token_times, interrupted=self.interrupted,
                            duration_s=time.perf_counter() - wall0, endpoints=self.endpoints,
                            model=self.model, clock_origin_s=self.drive.t0, failure_times=self.failure_times)
+        if self.kv_feed is not None:
+            res.kv_events = self.kv_feed.summary()
         if self.detector is not None and self.detector.saturated:
             res.saturated_at_s, res.saturation_slope_per_s = self.detector.saturated_at_s, self.detector.slope_per_s
         if self.lw is not None:
@@ -367,6 +379,22 @@ class _Replay:
             sends = res.frame().select("load_worker", "actual_send_s", "planned_send_s").collect()
             res.load_workers = worker_summary(self.lw.info, sends, self.lw.clock_history)
         return res
+
+    def _start_kv_events(self) -> None:
+        """Subscribe to the instances' KV events for a router that reads them (token-id prompts only: a text
+        prompt's blocks are unknown to the router and match nothing)."""
+        if not self.s.kv_events or getattr(self.router, "bind_kv_events", None) is None:
+            return
+        from ..live.kv_events import KVEventFeed  # lazy: the live extra
+        texts = self.s.prompt_texts or {}
+
+        def tokens_of(r: Request) -> list[int] | None:
+            if r.prompt is not None or r.request_id in texts:
+                return None
+            return prompt_token_ids(r)
+        self.kv_feed = KVEventFeed(self.s.kv_events, self.now, tokens_of)
+        self.kv_feed.bind(self.router)
+        self.kv_feed.start()
 
     def _start_workers(self):
         settings = WorkerSettings(endpoints=tuple(self.endpoints), model=self.model, api=self.s.api,

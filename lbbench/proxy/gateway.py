@@ -70,6 +70,9 @@ class ProxyConfig:
     tenants: Sequence[Tenant] | None = None
     #: the router sees what the backends report this much later (``Dispatcher``; 0: at once)
     signal_lag_s: float = 0.0
+    #: each backend's KV-event publisher (ZMQ address, in ``backends``' order), read into the index of a router
+    #: that reads KV events (``precise_prefix``; ``lbbench.live.kv_events``); empty: none
+    kv_events: Sequence[str] = ()
 
 
 #: the request header naming the tenant (llm-d's fairness id)
@@ -127,6 +130,8 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
         self._mem = MemTrace("proxy")  # LBBENCH_TRACEMALLOC: where a long run's memory goes
+        self.kv_feed = None  # KVEventFeed (``cfg.kv_events``), started with the app
+        self._prompt_ids: dict[int, list[int]] = {}  # request id -> its token-id prompt, while it is routed
 
     # -- clock and app ------------------------------------------------------------------
     def now(self) -> float:
@@ -149,9 +154,16 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s))
         self._health_task = asyncio.create_task(self._watch_health())
+        if self.cfg.kv_events and getattr(self.cfg.router, "bind_kv_events", None) is not None:
+            from ..live.kv_events import KVEventFeed  # lazy: the live extra
+            self.kv_feed = KVEventFeed(self.cfg.kv_events, self.now, lambda r: self._prompt_ids.get(r.request_id))
+            self.kv_feed.bind(self.cfg.router)
+            self.kv_feed.start()
 
     async def _stop(self, app: web.Application) -> None:
         self.drive.close()
+        if self.kv_feed is not None:
+            await self.kv_feed.close()
         if self._health_task is not None:
             self._health_task.cancel()
         if self.session is not None:
@@ -195,6 +207,8 @@ class Gateway:
             self._waiting.pop(req.request_id, None)
             self.drive.withdraw(req.request_id)
             raise
+        finally:
+            self._prompt_ids.pop(req.request_id, None)
 
     def _new_request(self, body: dict, tenant: str | None = None) -> Request:
         self._next_id += 1
@@ -205,6 +219,8 @@ class Gateway:
                       output_tokens=int(out), prompt=text, tenant=tenant, priority_band=band)
         if self.cfg.predictor is not None:
             req = annotate([req], self.cfg.predictor)[0]
+        if self.kv_feed is not None and text is None and isinstance(body.get("prompt"), list):
+            self._prompt_ids[req.request_id] = body["prompt"]  # the router keys its blocks (precise_prefix)
         return req
 
     # -- handlers -----------------------------------------------------------------------------

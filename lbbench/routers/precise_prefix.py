@@ -15,7 +15,10 @@ Apache-2.0):
 Options: ``event_lag_s`` (events reach the index that much later) and ``event_loss`` (each event lost with that
 probability), ``block_size`` (default: the profile's), ``speculative`` (llm-d's speculative indexing, off by default
 there and here: the chosen instance is taken to hold the prompt's blocks at once, for ``speculative_ttl_s``, 30 s).
-The backend feeds it through ``bind_kv_events``; one that cannot (a live run, the proxy) refuses it.
+The backend feeds it through ``bind_kv_events``: the simulator with its block manager's events (keys:
+``block_keys``), a live run or the proxy with ``lbbench.live.kv_events.KVEventFeed`` (the engines' ZMQ
+publishers, given as ``--kv-events``; keys: the prompt's token-content chain, ``request_keys``). Without a feed a
+live run or the proxy refuses it.
 """
 
 from __future__ import annotations
@@ -45,16 +48,24 @@ class PrecisePrefix(PrefixLoad):
         self.bound = False
         self.speculative, self.speculative_ttl_s = bool(speculative), float(speculative_ttl_s)
         self._now_s = 0.0
+        self._request_keys: Callable[[Request], list[int]] | None = None  # None: ``block_keys``
 
-    def bind_kv_events(self, subscribe: Callable[[Callable[..., None]], None]) -> None:
-        """``subscribe(callback)`` registers ``callback(instance, time_s, event)`` for every KV event."""
+    def bind_kv_events(self, subscribe: Callable[[Callable[..., None]], None],
+                       request_keys: Callable[[Request], list[int]] | None = None) -> None:
+        """``subscribe(callback)`` registers ``callback(instance, time_s, event)`` for every KV event;
+        ``request_keys(request)``: a request's block keys as the events name blocks (None: ``block_keys`` at
+        ``block_size``, the simulator's)."""
         subscribe(self.index.on_event)
+        self._request_keys = request_keys
         self.bound = True
+
+    def request_keys(self, r: Request) -> list[int]:
+        return block_keys(r, self.block_size) if self._request_keys is None else self._request_keys(r)
 
     def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
         self.index.catch_up(now_s)
         self._now_s = now_s
-        keys = block_keys(r, self.block_size)
+        keys = self.request_keys(r)
         matched = [self.index.longest_prefix(iv.index, keys, now_s) for iv in healthy]
         hits = [m for m in matched if m > 0]
         if not hits:
@@ -66,4 +77,4 @@ class PrecisePrefix(PrefixLoad):
         """The cache is read from the events; with ``speculative``, the chosen instance is also taken to hold the
         prompt's blocks from now until the TTL runs out."""
         if self.speculative:
-            self.index.speculate(inst, block_keys(r, self.block_size), self._now_s + self.speculative_ttl_s)
+            self.index.speculate(inst, self.request_keys(r), self._now_s + self.speculative_ttl_s)

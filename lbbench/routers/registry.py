@@ -74,8 +74,8 @@ def needs_simulator(name: str) -> bool:
 
 
 #: what a live or proxy backend says when asked to run a router fed by the engines' KV events
-KV_EVENTS_REFUSAL = ("{name} reads the instances' KV events, which only the simulator feeds it (a live run or the "
-                     "proxy has no KV event subscriber)")
+KV_EVENTS_REFUSAL = ("{name} reads the instances' KV events: live, give each endpoint's publisher with --kv-events "
+                     "tcp://HOST:PORT (vLLM's --kv-events-config, serve-sim --kv-events-port-base)")
 
 
 def needs_kv_events(name: str) -> bool:

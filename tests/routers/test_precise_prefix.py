@@ -1,6 +1,7 @@
 """``precise_prefix``: a hand-computed decision from KV events (llm-d's longest-prefix match, min-max normalised,
 3 / 2 / 2 with queue and KV headroom) with an event lag; Dynamo's rule for a chain whose parent is unknown; event
-loss; in the simulator the index built from the events is the instances' cache; live backends refuse it."""
+loss; in the simulator the index built from the events is the instances' cache; live backends refuse it without
+every endpoint's KV-event address."""
 
 from __future__ import annotations
 
@@ -95,7 +96,14 @@ def test_in_the_simulator_the_index_is_the_instances_cache():
     assert hit > 0.3
 
 
-def test_live_backends_refuse_it():
+def test_live_backends_refuse_it_without_every_endpoints_kv_events():
+    prof = load_profile("llama2-7b-v100")
     cfg = RunConfig(endpoints=["http://a:1"], routers=["precise_prefix"]).resolved()
-    with pytest.raises(ConfigError, match="KV events"):
-        cfg.check(load_profile("llama2-7b-v100"))
+    with pytest.raises(ConfigError, match="--kv-events"):
+        cfg.check(prof)
+    RunConfig(endpoints=["http://a:1"], kv_events=["tcp://a:5557"], routers=["precise_prefix"]).resolved().check(prof)
+    with pytest.raises(ConfigError, match="1 address.*2 --endpoint"):
+        RunConfig(endpoints=["http://a:1", "http://b:1"], kv_events=["tcp://a:5557"],
+                  routers=["precise_prefix"]).resolved().check(prof)
+    with pytest.raises(ConfigError, match="http://a:5557: expected a ZMQ address"):
+        RunConfig(endpoints=["http://a:1"], kv_events=["http://a:5557"], routers=["precise_prefix"]).resolved().check(prof)

@@ -26,6 +26,11 @@ Every instance speaks llm-d's P/D sidecar protocol (``lbbench.engines.vllm.pd``)
 remote-prefill decode, and a request sent with the ``x-prefiller-host-port`` header is prefilled there first, its
 KV moved over the fleet's link (``FleetConfig.kv_link``), then decoded here. A fleet's roles
 (``serve-sim --fleet NAME:N:prefill,NAME:N:decode``) are for the routers in front of it.
+
+A token-id prompt is cached by content, as vLLM's prefix cache does
+(``kv_publisher.content_request``); with ``kv_events_port_base`` (``serve-sim
+--kv-events-port-base``) instance ``i`` publishes its KV events on that port plus
+``i`` in vLLM's wire format (``kv_publisher.KVEventPublisher``).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from ...kv_links import DEFAULT_LINK, LINKS, KVFabric, parse_kv_link
 from ...profiles import Profile, load_profile
 from ...sim.instance import SimInstance
 from . import pd
+from .kv_publisher import KVEventPublisher, content_request, prompt_token_ids
 from .metrics_page import render_metrics
 
 
@@ -139,7 +145,8 @@ class EmulatedInstance:
 
     def __init__(self, profile: Profile, index: int = 0, model: str | None = None,
                  scheduler: str = "fcfs", chunked_prefill: bool | None = None, allow_kill: bool = False,
-                 fabric: KVFabric | None = None):
+                 fabric: KVFabric | None = None, kv_events: str | None = None,
+                 prefix_caching: bool | None = None):
         self.profile = profile
         #: the link its KV transfers book (one per fleet; ``lbbench.engines.vllm.pd``)
         self.fabric = fabric if fabric is not None else KVFabric(LINKS[DEFAULT_LINK])
@@ -148,9 +155,12 @@ class EmulatedInstance:
         self.sidecar_session = None  # the P/D sidecar's client session, opened on its first prefill leg
         self.num_prefill_legs = 0  # prefill legs served (``do_remote_decode``)
         self.num_kv_received = 0  # decodes of a KV prefilled elsewhere
+        self.kv_events = kv_events  # the ZMQ address its KV events are published on (None: not published)
+        self.kv_publisher: KVEventPublisher | None = None
         self.index = index
         self.model = model or profile.model or "sim"
-        self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill)
+        self.sim = SimInstance(profile, index=index, scheduler=scheduler, chunked_prefill=chunked_prefill,
+                               prefix_caching=prefix_caching)
         self._priority: dict[int, int] = {}  # request -> the `priority` field it was sent with
         self.sim.priority_of = lambda r: self._priority.get(r.request_id, 0)
         self.streams: dict[int, _Stream] = {}
@@ -180,6 +190,9 @@ class EmulatedInstance:
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._t0 = self._loop.time()
+        if self.kv_events is not None:
+            self.kv_publisher = KVEventPublisher(self.kv_events, self.profile.block_size)
+            self.sim.kv.subscribe(self.kv_publisher.on_event)
         app = web.Application(client_max_size=64 << 20)
         app.add_routes([
             web.get("/health", self._health), web.get("/v1/models", self._models),
@@ -210,6 +223,13 @@ class EmulatedInstance:
             await self.runner.cleanup()
         if self.sidecar_session is not None:
             await self.sidecar_session.close()
+        self._close_publisher()
+
+    def _close_publisher(self) -> None:
+        if self.kv_publisher is not None:
+            self.sim.kv.unsubscribe(self.kv_publisher.on_event)
+            self.kv_publisher.close()
+            self.kv_publisher = None
 
     async def kill(self) -> None:
         """Die abruptly: stop listening and drop every open connection."""
@@ -223,6 +243,7 @@ class EmulatedInstance:
             self._driver.cancel()
         if self.runner is not None:
             await self.runner.cleanup()
+        self._close_publisher()
 
     # -- the engine, on the wall clock -----------------------------------------------
     def _poke(self) -> None:
@@ -287,10 +308,18 @@ class EmulatedInstance:
             else:
                 await self._wake
 
-    def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0) -> _Stream:
+    def _submit(self, prompt_tokens: int, output_tokens: int, priority: int = 0,
+                token_ids: list[int] | None = None) -> _Stream:
+        """A request whose prompt is computed here (``token_ids``: its prompt, cached by content)."""
         s = self._new_stream(prompt_tokens, output_tokens, priority)
         now = self.now()
-        self._apply(self.sim.add(Request(s.rid, now, prompt_tokens, output_tokens), now))
+        if token_ids is None:
+            req = Request(s.rid, now, prompt_tokens, output_tokens)
+        else:
+            req = content_request(s.rid, now, token_ids, output_tokens, self.profile.block_size)
+            if self.kv_publisher is not None:
+                self.kv_publisher.remember(req, token_ids)
+        self._apply(self.sim.add(req, now))
         self._poke()
         return s
 
@@ -431,7 +460,7 @@ class EmulatedInstance:
             s = await self._submit_remote(prompt_tokens, max_tokens, priority, remote, timing)
             headers = pd.timing_headers(timing)
         else:
-            s = self._submit(prompt_tokens, max_tokens, priority)
+            s = self._submit(prompt_tokens, max_tokens, priority, None if chat else prompt_token_ids(body))
             self.num_prefill_legs += prefill_leg
         if s.error is not None:
             self.streams.pop(s.rid, None)
@@ -515,6 +544,8 @@ class FleetConfig:
     #: the link between the fleet's instances for prefill/decode (``lbbench.kv_links.parse_kv_link``); any instance
     #: takes either leg (``lbbench.engines.vllm.pd``), a fleet's roles are for its routers
     kv_link: str = DEFAULT_LINK
+    kv_events_port_base: int | None = None  # instance i publishes KV events on tcp://host:base+i (None: off)
+    prefix_caching: bool | None = None  # None: as the profile says
 
     def instance_profiles(self) -> list[Profile]:
         return list(self.profiles) if self.profiles is not None else [self.profile] * self.num_instances
@@ -527,7 +558,10 @@ async def start_fleet(cfg: FleetConfig) -> list[EmulatedInstance]:
     for i, profile in enumerate(cfg.instance_profiles()):
         port = cfg.port_base + i if cfg.port_base is not None else free_port(cfg.host)
         inst = EmulatedInstance(profile, index=i, model=cfg.model, scheduler=cfg.scheduler,
-                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill, fabric=fabric)
+                                chunked_prefill=cfg.chunked_prefill, allow_kill=cfg.allow_kill, fabric=fabric,
+                                kv_events=None if cfg.kv_events_port_base is None
+                                else f"tcp://{cfg.host}:{cfg.kv_events_port_base + i}",
+                                prefix_caching=cfg.prefix_caching)
         try:
             await inst.start(cfg.host, port)
         except OSError as exc:
