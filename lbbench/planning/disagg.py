@@ -10,8 +10,10 @@ One search, ``plan --mix``'s (``mix.search_mix``), run twice over the same deriv
    instances: the aggregated uniform count of that GPU (that many instances served the whole traffic, so as a
    decode pool they carry every decode), else ``max_instances``.
 3. **n / n - 1 along each role** is ``search_mix``'s step 3: one instance fewer of each type the answer holds,
-   prefill and decode, must miss; a fewer that still met replaced the answer (``replaced``, reported: the first
-   answer was not minimal). Dropping a role's last instance leaves no P/D fleet (``None``).
+   prefill and decode, must miss; a P/D fleet with one fewer that still met replaced the answer (``replaced``,
+   reported: the first answer was not minimal). Removing the last prefill instance leaves the decode instances
+   serving whole: it is run, and when it meets the P/D answer is reported not minimal (``minimal`` False);
+   removing the last decode instance leaves nothing that decodes (``None``).
 4. **Check**: the cheapest fleet of each layout is run in full (every seed, no early stop, every metric:
    ``capacity.simulated_metrics``, the runner ``lbbench run`` uses) on *held-out* seeds (``seed + seeds`` on), its
    attainment reported beside the search's estimate.
@@ -65,6 +67,7 @@ class Layout:
                 {t.label: c for t, c in zip(s.types, s.best) if c},
                 "search_attainment": None if s.best is None else s.points.get(s.best),
                 "attainment_with_one_fewer": s.fewer, "replaced": [s.spec(v) for v in s.replaced],
+                "minimal": not s.still_met, "still_met_with_one_fewer": s.still_met,
                 "check": self.check, **per_hour(self.check, s.gpus(s.best), s.cost(s.best), priced),
                 "equal_cost_fleet": s.spec(self.equal_cost), "equal_cost_cost": s.cost(self.equal_cost),
                 "equal_cost_check": self.equal_cost_check,

@@ -13,7 +13,8 @@ from .mix import _money, fewer_text
 WHAT = ("Profiles are physics-derived (vLLM V1, chunked prefill, the shipped calibration) and every fleet is "
         "simulated, not measured. search: the attainment the search decided on (seeds stopped early give the "
         "bound that decided); check: a full run on held-out seeds. One fewer: the attainment with one instance "
-        "fewer of each type the fleet holds (each must miss; a role's last instance has no P/D fleet left). "
+        "fewer of each type the fleet holds (each must miss; without its last prefill instance a P/D fleet's decode "
+        "instances serve whole; without its last decode instance nothing decodes: no fleet left). "
         "Goodput: requests within the SLO.")
 
 
@@ -75,6 +76,10 @@ def _verdict(plan: DisaggPlan, doc: dict[str, Any]) -> str:
     checked = (chosen["check"] or {}).get("attainment")
     if checked is not None and checked < doc["attainment"]:
         text += f" (its check on held-out seeds attains {_pct(checked)}, below the target: add --seeds or --requests)"
+    for kind, rec in lay.items():
+        if not rec["minimal"]:
+            text += (f"; NOT MINIMAL: {kind} still meets with one fewer "
+                     f"{', '.join(rec['still_met_with_one_fewer'])}")
     other = next((k for k in lay if k != plan.chosen), None)
     if other is None:
         return text + f" (no {'disaggregated' if plan.chosen == 'aggregated' else 'aggregated'} fleet met the target)"

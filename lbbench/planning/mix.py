@@ -101,6 +101,14 @@ class MixSearch:
     replaced: list[Vector] = field(default_factory=list)  # answers step 3 replaced (one fewer still met)
     wall_s: float = 0.0
     run: RunConfig | None = field(default=None, repr=False)  # what each vector ran (one router, one scheduler)
+    target: float = 1.0  # the attainment to meet
+
+    @property
+    def still_met(self) -> list[str]:
+        """Types one fewer of which still meets the target: without roles none (step 3 took it); with roles, a
+        prefill type whose last instance's removal left decode instances serving whole that met (the answer is
+        then not minimal)."""
+        return [k for k, a in self.fewer.items() if a is not None and a >= self.target]
 
     def cost(self, v: Vector | None) -> float | None:
         return None if v is None else sum(c * t.unit_cost for c, t in zip(v, self.types))
@@ -123,7 +131,8 @@ class MixSearch:
                 "attainment_with_one_fewer": self.fewer, "evaluations": len(self.points),
                 "mix_candidates": self.mix_candidates, "pruned_capacity": self.pruned_capacity,
                 "pruned_dominated": self.pruned_dominated, "bounded": self.bounded,
-                "replaced": [self.spec(v) for v in self.replaced], "wall_s": round(self.wall_s, 3),
+                "replaced": [self.spec(v) for v in self.replaced], "still_met_with_one_fewer": self.still_met,
+                "wall_s": round(self.wall_s, 3),
                 "points": [{"fleet": self.spec(v), "counts": list(v), "cost": self.cost(v), "attainment": a}
                            for v, a in self.points.items()]}
 
@@ -270,7 +279,7 @@ def search_mix(run: RunConfig, types: list[GpuType], target: float, max_instance
     t0 = time.perf_counter()
     run_id = uuid.uuid4().hex[:12]
     ev = evaluate or (lambda v: fleet_attainment(run, types, v, target, run_id))
-    res = MixSearch(run.routers[0], run.instance_schedulers[0], types, {}, None, None, run=run)
+    res = MixSearch(run.routers[0], run.instance_schedulers[0], types, {}, None, None, run=run, target=target)
     k = len(types)
     bases = ray_bases(types, plenty or max_instances)
 
@@ -315,17 +324,17 @@ def search_mix(run: RunConfig, types: list[GpuType], target: float, max_instance
             best = v
             break
         misses.append(v)
-    while True:  # n / n - 1 along every type the answer holds (a vector dropping a role is no fleet of its kind)
+    while True:  # n / n - 1 along every type the answer holds (one dropping a role is checked, never the answer)
         res.fewer = {}
         cheaper = None
         for i, t in enumerate(types):
             if best[i]:
                 w = tuple(c - (j == i) for j, c in enumerate(best))
-                if any(w) and not holds_every_role(types, w):
-                    res.fewer[t.label] = None
+                if any(w) and not any(c for c, u in zip(w, types) if u.role != "prefill"):
+                    res.fewer[t.label] = None  # nothing left decodes
                     continue
                 res.fewer[t.label] = attain(w)
-                if res.fewer[t.label] >= target and cheaper is None:
+                if res.fewer[t.label] >= target and cheaper is None and holds_every_role(types, w):
                     cheaper = w
         if cheaper is None:
             break

@@ -54,10 +54,19 @@ def test_a_non_minimal_answer_is_replaced_and_said():
     assert res.fewer == {"g0:prefill": 0.5, "g0:decode": 0.5}
 
 
-def test_the_last_instance_of_a_role_leaves_no_fleet_to_check():
+def test_without_its_last_prefill_instance_the_decode_instances_are_checked_and_a_met_one_is_said():
     types = _pd_types([1.0])
     res = search_mix(RUN, types, 0.9, 16, 1000, 1.0, evaluate=lambda v: 0.95 if v[1] >= 3 else 0.0, plenty=4)
-    assert res.best == (1, 3) and res.fewer == {"g0:prefill": None, "g0:decode": 0.0}
+    # 0P+3D (the decode instances serving whole) still meets: reported, never the P/D answer
+    assert res.best == (1, 3) and res.fewer == {"g0:prefill": 0.95, "g0:decode": 0.0}
+    assert res.still_met == ["g0:prefill"] and (0, 3) in res.points
+
+
+def test_without_its_last_decode_instance_nothing_decodes():
+    types = _pd_types([1.0])
+    res = search_mix(RUN, types, 0.9, 16, 1000, 1.0, evaluate=lambda v: 0.95 if v[0] >= 3 and v[1] else 0.0,
+                     plenty=4)
+    assert res.best == (3, 1) and res.fewer == {"g0:prefill": 0.0, "g0:decode": None} and not res.still_met
 
 
 @settings(max_examples=40, deadline=None)
@@ -83,7 +92,7 @@ def test_the_chosen_split_is_the_cheapest_evaluated_and_the_cheapest_of_all(spee
     assert res.best is not None and cost(res.best) == pytest.approx(min(map(cost, feasible)))
     met = [v for v, a in res.points.items() if a >= 0.9 and holds_every_role(types, v)]
     assert cost(res.best) <= min(map(cost, met)) + 1e-9  # the cheapest feasible point it evaluated
-    assert all(a is None or a < 0.9 for a in res.fewer.values())
+    assert all(a is None or a < 0.9 for a in res.fewer.values()) and not res.still_met
     assert set(res.fewer) == {t.label for t, c in zip(types, res.best) if c}
 
 
@@ -106,7 +115,9 @@ def test_plan_disagg_end_to_end_through_the_cli(tmp_path):
     assert {k.split(":")[1] for k in pd["counts"]} == {"prefill", "decode"}  # both roles, GPU type per role
     for lay in (agg, pd):
         assert lay["search_attainment"] >= 0.9 and 0 <= lay["check"]["attainment"] <= 1
-        assert all(a is None or a < 0.9 for a in lay["attainment_with_one_fewer"].values())
+        fewer = lay["attainment_with_one_fewer"]
+        assert lay["minimal"] == all(a is None or a < 0.9 for a in fewer.values())
+        assert all(a < 0.9 for k, a in fewer.items() if a is not None and not k.endswith(":prefill"))
         assert lay["goodput_per_gpu_hour"] == pytest.approx(lay["check"]["goodput_per_s"] * 3600 / lay["gpus"])
     chosen, other = doc["layouts"][doc["chosen"]], [v for k, v in doc["layouts"].items() if k != doc["chosen"]][0]
     assert chosen["cost"] <= other["cost"]
