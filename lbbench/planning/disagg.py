@@ -17,9 +17,10 @@ One search, ``plan --mix``'s (``mix.search_mix``), run twice over the same deriv
 4. **Check**: the cheapest fleet of each layout is run in full (every seed, no early stop, every metric:
    ``capacity.simulated_metrics``, the runner ``lbbench run`` uses) on *held-out* seeds (``seed + seeds`` on), its
    attainment reported beside the search's estimate.
-5. **Equal cost**: at the cheaper layout's cost ``C``, the other layout's fleet of highest search attainment among
-   those it simulated costing at most ``C`` is run in full the same way. Goodput per GPU-hour = requests within the
-   SLO per second x 3600 / GPUs; with prices, also per US dollar.
+5. **Equal cost**: at the cheaper layout's cost ``C``, the other layout's fleets costing at most ``C`` (``within``:
+   the one of highest search attainment it simulated and, for the aggregated layout, each GPU type alone at the
+   most instances ``C`` buys) are run in full the same way, and the one attaining most is reported. Goodput per
+   GPU-hour = requests within the SLO per second x 3600 / GPUs; with prices, also per US dollar.
 
 The plan picks the cheaper layout; at equal cost the one whose check attains more (then aggregated: nothing to
 move between instances). Every number is
@@ -39,7 +40,7 @@ from ..metrics.summary import Slo
 from ..profiles import load_profile
 from ..routers.registry import available_routers, is_pair_router
 from .capacity import PlanConfig, PlanError, simulated_metrics
-from .mix import (GpuType, MixSearch, Vector, check_search_limits, fleet_spec, plan_types, search_mix)
+from .mix import MixSearch, Vector, check_search_limits, fleet_spec, holds_every_role, plan_types, search_mix
 
 #: the pair router by default: lbbench's own, >= the published pair policies on 3 of 6 splits and within noise on
 #: the others, and the only one that falls back to whole serving when a split is wrong (docs/disaggregation.md)
@@ -120,10 +121,17 @@ def full_run(s: MixSearch, v: Vector) -> dict[str, Any]:
     return simulated_metrics(cfg, first, uuid.uuid4().hex[:12], Slo(**run.slo))
 
 
-def best_within(s: MixSearch, budget: float) -> Vector | None:
-    """The simulated fleet of highest search attainment costing at most ``budget`` (then the cheaper)."""
-    within = [v for v in s.points if (s.cost(v) or 0.0) <= budget + 1e-9]
-    return max(within, key=lambda v: (s.points[v], -(s.cost(v) or 0.0))) if within else None
+def within(s: MixSearch, budget: float) -> list[Vector]:
+    """The fleets of its kind (every role held) to try at cost <= ``budget``: the simulated one of highest search
+    attainment (then the dearer), and, without roles, each type alone at the most instances the budget buys."""
+    fits = [v for v in s.points if (s.cost(v) or 0.0) <= budget + 1e-9 and holds_every_role(s.types, v)]
+    out = [max(fits, key=lambda v: (s.points[v], s.cost(v) or 0.0))] if fits else []
+    for i, t in enumerate(s.types):
+        n = int((budget + 1e-9) // t.unit_cost) if t.role == "mixed" and t.unit_cost > 0 else 0
+        v = tuple(n if j == i else 0 for j in range(len(s.types)))
+        if n and v not in out:
+            out.append(v)
+    return out
 
 
 def plan_disagg(cfg: PlanConfig, *, pd_routers: list[str], kv_link: str = DEFAULT_LINK, max_evaluations: int = 60,
@@ -192,8 +200,10 @@ def _check(plan: DisaggPlan) -> None:
     plan.chosen = min(costs, key=lambda k: (costs[k], -checked[k], k != "aggregated"))
     budget = costs[plan.chosen]
     for kind, lay in plan.layouts.items():
-        lay.equal_cost = lay.best if kind == plan.chosen else best_within(lay.search, budget)
-        if lay.equal_cost == lay.best:
-            lay.equal_cost_check = lay.check
-        elif lay.equal_cost is not None:
-            lay.equal_cost_check = full_run(lay.search, lay.equal_cost)
+        if kind == plan.chosen:
+            lay.equal_cost, lay.equal_cost_check = lay.best, lay.check
+            continue
+        runs = [(v, full_run(lay.search, v)) for v in within(lay.search, budget)]
+        if runs:
+            lay.equal_cost, lay.equal_cost_check = max(
+                runs, key=lambda r: ((r[1].get("attainment") or 0.0), r[1].get("goodput_per_s") or 0.0))

@@ -122,6 +122,8 @@ def test_plan_disagg_end_to_end_through_the_cli(tmp_path):
     chosen, other = doc["layouts"][doc["chosen"]], [v for k, v in doc["layouts"].items() if k != doc["chosen"]][0]
     assert chosen["cost"] <= other["cost"]
     assert other["equal_cost_cost"] is None or other["equal_cost_cost"] <= chosen["cost"] + 1e-9
+    if pd["equal_cost_fleet"] != "-":  # at equal cost, a P/D fleet still (never its decode instances alone)
+        assert ":prefill" in pd["equal_cost_fleet"] and ":decode" in pd["equal_cost_fleet"]
     lines = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
     n_searched = sum(s["evaluations"] for k in ("aggregated", "disaggregated") for s in doc["searches"][k])
     assert len(lines) == n_searched and {x["layout"] for x in lines} == {"aggregated", "disaggregated"}
@@ -169,3 +171,14 @@ def test_bad_disagg_input_is_one_line_and_exit_2(args, says):
     assert res.exit_code == 2, res.output
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].removeprefix("Error: ").startswith(says), lines
+
+
+def test_the_fleets_tried_at_equal_cost_by_hand():
+    agg = search_mix(RUN, [GpuType("g0", 1, "unused", 2.0), GpuType("g1", 1, "unused", 4.0)], 0.9, 8, 0, 1.0,
+                     evaluate=lambda v: 0.95 if 2 * v[0] + 5 * v[1] >= 10 else 0.2 * v[0] + 0.1 * v[1])
+    # simulated within $5: 1 x g0 (0.2, $2), 2 x g0 (0.4, $4), 1 x g1 (0.1, $4); then each type alone at what $5 buys
+    assert disagg_mod.within(agg, 5.0) == [(2, 0), (0, 1)]
+    pd = search_mix(RUN, _pd_types([1.0]), 0.9, 8, 1000, 1.0, evaluate=lambda v: 0.95 if min(v) >= 2 else 0.1 * sum(v),
+                    plenty=4)
+    picked = disagg_mod.within(pd, 3.0)  # a P/D fleet only: never the decode instances alone, no fills
+    assert len(picked) == 1 and holds_every_role(pd.types, picked[0]) and sum(picked[0]) <= 3
