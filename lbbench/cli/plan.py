@@ -3,7 +3,8 @@
 Thin: the search, the profiles and the rows are ``lbbench.planning``'s. With ``--out DIR`` every search's
 evaluated points are appended to ``DIR/points.jsonl`` as it completes, and ``DIR/plan.json`` (rows, points,
 ``complete``), ``DIR/plan.png`` and ``DIR/plan.html`` are written at the end, also after Ctrl-C (then marked
-incomplete, exit 130).
+incomplete, exit 130). ``--mix`` and ``--disagg`` hand over to ``planning.mix`` and ``planning.disagg``
+(``cli/plan_disagg.py``); the flags that belong to ``--disagg`` alone are refused without it.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ def plan_cmd(**kw: Any) -> None:
           --gpu h100,a100-80gb --tp 2,4,8 --price-file prices.toml --format json --out runs/plan
       lbbench plan --mix --workload paper-mix --rate 100 --slo ttft=2,tbt=0.1 --attainment 0.95 \\
           --model llama-3.1-8b --gpu a100-80gb,h100,l4 --router round_robin,jsq_speed \\
+          --price-file examples/prices.example.toml
+      lbbench plan --disagg --workload poisson --prompt-tokens 3000:0.5 --output-tokens 64:0.5 --rate 32 \\
+          --slo ttft=1,tbt=0.025 --attainment 0.9 --model llama-3.1-8b --gpu a100,h100 \\
           --price-file examples/prices.example.toml
     """
     from ..planning.render import attainment_png, print_table, to_html, to_json  # lazy: start-up time

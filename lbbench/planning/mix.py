@@ -24,8 +24,9 @@ decode instance), so step 1 searches each type's count with the *other* role hel
 the same GPU when the other role has it), and a count held there whose one fewer missed bounds that role from
 below (the miss, with the other role at ``plenty``, prunes every vector below it). Step 2 takes every vector
 holding every role, costing less than the cheapest fleet step 1 met, with the capacity share taken per role
-(each role must carry all of its phase's work); its counts are bounded by cost only (more of one role can make up
-for less of the other). Step 3 leaves out a vector that would drop a role: it is no prefill/decode fleet.
+(each role must carry all of its phase's work; a type whose step 1 never met is not pruned by it, since the other
+role held at ``plenty`` may be what missed); its counts are bounded by cost only (more of one role can make up for
+less of the other). Step 3 leaves out a vector that would drop a role: it is no prefill/decode fleet.
 
 Every vector is simulated and scored as ``lbbench plan`` scores a count (``capacity.simulated_metrics``: the one
 runner, ``experiment.simulate``, with ``RunConfig.fleet`` naming the derived profiles' TOML files) on the same
@@ -197,12 +198,13 @@ def holds_every_role(types: list[GpuType], v: Vector) -> bool:
 def capacity_share(types: list[GpuType], uniform: list[int | None], v: Vector, role: str,
                    max_instances: int) -> float:
     """``sum(c_t / (n_t - 1))`` over the types of ``role`` (see the module docstring); inf when a type whose
-    one instance met is held."""
+    one instance met is held, or, with roles, one whose step 1 never met (the other role held at ``plenty`` may
+    have been what missed: its capacity is unknown)."""
     share = 0.0
     for c, t, n in zip(v, types, uniform):
         if not c or t.role != role:
             continue
-        if n == 1:
+        if n == 1 or (n is None and role != "mixed"):
             return math.inf
         share += c / ((n - 1) if n is not None else max_instances)
     return share
