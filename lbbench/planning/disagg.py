@@ -180,7 +180,7 @@ def _search(plan: DisaggPlan, cfg: PlanConfig, pt: Any, base: Any, pd_routers: l
     uniform = [n for s in plan.aggregated for n in s.uniform.values() if n is not None]
     plenty = min(cfg.max_instances, max(uniform)) if uniform else cfg.max_instances
     for router in pd_routers:
-        for sched in dict.fromkeys(base.instance_schedulers):
+        for sched in dict.fromkeys(sched for _, sched in pt.router_pairs()):
             sub = replace(base, routers=[router], instance_schedulers=[sched], kv_link=kv_link).resolved()
             s = search_mix(sub, pd_types, cfg.attainment, cfg.max_instances, max_evaluations, min_capacity,
                            plenty=plenty, on_point=watch("disaggregated", router))

@@ -66,6 +66,9 @@ def print_disagg(plan: DisaggPlan, doc: dict[str, Any], title: str, console: Any
                           f"{', capped' if s.bounded else ''}, {s.wall_s:.1f} s{extra}", highlight=False)
     if plan.chosen is not None:
         console.print(f"[bold]{_verdict(plan, doc)}[/bold]", highlight=False)
+    elif plan.complete:
+        console.print("[bold]no fleet of either layout met the target within --max-instances: raise it, or relax the "
+                      "SLO or the attainment[/bold]", highlight=False)
     console.print(f"[dim]{WHAT}[/dim]", highlight=False)
 
 

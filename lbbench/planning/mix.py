@@ -26,7 +26,9 @@ below (the miss, with the other role at ``plenty``, prunes every vector below it
 holding every role, costing less than the cheapest fleet step 1 met, with the capacity share taken per role
 (each role must carry all of its phase's work; a type whose step 1 never met is not pruned by it, since the other
 role held at ``plenty`` may be what missed); its counts are bounded by cost only (more of one role can make up for
-less of the other). Step 3 leaves out a vector that would drop a role: it is no prefill/decode fleet.
+less of the other). Step 3 never answers with a vector that drops a role: without the last prefill instance the
+decode instances serve whole, which is run and reported (``still_met``: the answer is not minimal when it meets);
+without the last decode instance nothing decodes (``None``).
 
 Every vector is simulated and scored as ``lbbench plan`` scores a count (``capacity.simulated_metrics``: the one
 runner, ``experiment.simulate``, with ``RunConfig.fleet`` naming the derived profiles' TOML files) on the same
@@ -94,7 +96,7 @@ class MixSearch:
     best: Vector | None
     points: dict[Vector, float] = field(default_factory=dict)  # every simulated vector -> attainment
     fewer: dict[str, float | None] = field(default_factory=dict)  # type label -> attainment at best minus one
-    # of it (None: that would drop a role)
+    # of it (None: nothing left would decode)
     mix_candidates: int = 0
     pruned_capacity: int = 0
     pruned_dominated: int = 0

@@ -183,3 +183,10 @@ def test_the_fleets_tried_at_equal_cost_by_hand():
                     plenty=4)
     picked = disagg_mod.within(pd, 3.0)  # a P/D fleet only: never the decode instances alone, no fills
     assert len(picked) == 1 and holds_every_role(pd.types, picked[0]) and sum(picked[0]) <= 3
+
+
+def test_a_target_out_of_reach_is_said_in_one_line():
+    args = [a if a != "ttft=1,tbt=0.03" else "ttft=0.001" for a in BASE]
+    res = CliRunner().invoke(main, [*args, "--gpu", "a100", "--max-instances", "2"])
+    assert res.exit_code == 0, res.output
+    assert "no fleet of either layout met the target within --max-instances" in res.stdout
