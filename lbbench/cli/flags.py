@@ -45,6 +45,7 @@ FLAGS: dict[str, str] = {
     # lbbench plan
     "gpu": "--gpu", "tp": "--tp", "attainment": "--attainment", "max_instances": "--max-instances",
     "price_file": "--price-file", "max_evaluations": "--max-evaluations", "min_capacity": "--min-capacity",
+    "pd_routers": "--pd-router", "mix": "--mix", "disagg": "--disagg",
     # lbbench run --find-rate
     "find_rate_start": "--find-rate-start", "find_rate_tol": "--find-rate-tol",
     # other commands

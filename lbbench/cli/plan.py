@@ -3,7 +3,8 @@
 Thin: the search, the profiles and the rows are ``lbbench.planning``'s. With ``--out DIR`` every search's
 evaluated points are appended to ``DIR/points.jsonl`` as it completes, and ``DIR/plan.json`` (rows, points,
 ``complete``), ``DIR/plan.png`` and ``DIR/plan.html`` are written at the end, also after Ctrl-C (then marked
-incomplete, exit 130).
+incomplete, exit 130). ``--mix`` and ``--disagg`` hand over to ``planning.mix`` and ``planning.disagg``
+(``cli/plan_disagg.py``); the flags that belong to ``--disagg`` alone are refused without it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,32 @@ def _tps(value: str) -> list[int]:
     if not out:
         raise InputError("give a tensor-parallel size, or several comma-separated", "tp")
     return out
+
+
+def check_disagg_flags(kw: dict[str, Any]) -> None:
+    """The flags that belong to ``--disagg`` only, and those it cannot take (one line naming the flag)."""
+    from ..routers.registry import is_pair_router  # lazy: start-up time (the router registry)
+
+    pair = [r for r in split_csv(kw["routers"]) if is_pair_router(r)]
+    if not kw["disagg"]:
+        for name, flag in (("pd_routers", "pd-router"), ("kv_link", "kv-link")):
+            if kw[name] is not None:
+                raise InputError("plans prefill/decode fleets: give --disagg with it", name)
+        if pair:
+            raise InputError(f"{pair[0]} routes prefill/decode pairs: plan them with --disagg --pd-router "
+                             f"{pair[0]}", "routers")
+        return
+    if pair:
+        raise InputError(f"{pair[0]} routes prefill/decode pairs: give it as --pd-router (--router routes the "
+                         "aggregated fleets)", "routers")
+    if kw["mix"]:
+        raise InputError("--disagg searches the aggregated fleets --mix does, beside the prefill/decode ones: "
+                         "give one of them", "mix")
+    if kw["fmt"] == "html":
+        raise InputError("--disagg writes a table or JSON; give --format table or json", "format")
+    if kw["jobs"] != 1 or kw["ray_address"]:
+        raise InputError("--disagg runs its searches one after another (each step depends on the last); "
+                         "leave it at 1", "jobs" if kw["jobs"] != 1 else "ray")
 
 
 def plan_config_from_flags(kw: dict[str, Any]) -> Any:
@@ -107,6 +134,17 @@ def plan_config_from_flags(kw: dict[str, Any]) -> Any:
 @click.option("--min-capacity", type=float, default=1.0, show_default=True,
               help="--mix: skip mixes whose capacity share sum(count / (uniform count - 1)) is below this "
                    "(1: a linear capacity model's bound; 0: every mix under the uniform cost).")
+@click.option("--disagg", is_flag=True, default=False,
+              help="Compare the cheapest aggregated fleet (as --mix finds it) with the cheapest prefill/decode "
+                   "split (counts and GPU type per role) on the same search, at equal cost too; check both with "
+                   "full runs on held-out seeds and n / n-1 along each role.")
+@click.option("--pd-router", "pd_routers", default=None, metavar="ROUTER[,ROUTER...]",
+              help="--disagg: pair routers for the prefill/decode fleets (pd_llmd, pd_llmd_always, pd_dynamo, "
+                   "pd_vllm, pd_joint). Default pd_joint: lbbench's own, which falls back to whole serving on a "
+                   "split that is wrong for the traffic.")
+@click.option("--kv-link", default=None, metavar="NAME|BYTES_S[@LATENCY_S]",
+              help="--disagg: the link a request's KV crosses from prefill to decode (nvlink4, nvlink3, rdma-400g, "
+                   "rdma-200g, pcie5, pcie4). Default rdma-400g.")
 @trace_transform_options
 def plan_cmd(**kw: Any) -> None:
     """How many instances of which GPU does this traffic need to meet its SLO?
@@ -124,11 +162,20 @@ def plan_cmd(**kw: Any) -> None:
       lbbench plan --mix --workload paper-mix --rate 100 --slo ttft=2,tbt=0.1 --attainment 0.95 \\
           --model llama-3.1-8b --gpu a100-80gb,h100,l4 --router round_robin,jsq_speed \\
           --price-file examples/prices.example.toml
+      lbbench plan --disagg --workload poisson --prompt-tokens 3000:0.5 --output-tokens 64:0.5 --rate 32 \\
+          --slo ttft=1,tbt=0.025 --attainment 0.9 --model llama-3.1-8b --gpu a100,h100 \\
+          --price-file examples/prices.example.toml
     """
     from ..planning.render import attainment_png, print_table, to_html, to_json  # lazy: start-up time
 
+    check_disagg_flags(kw)
     cfg = plan_config_from_flags(kw)
     out_dir = Path(kw["out_dir"]) if kw["out_dir"] else None
+    if kw["disagg"]:
+        from .plan_disagg import plan_disagg_cmd  # lazy: start-up time
+
+        plan_disagg_cmd(cfg, kw, out_dir)
+        return
     if kw["mix"]:
         _plan_mix(cfg, kw, out_dir)
         return
