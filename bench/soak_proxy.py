@@ -300,7 +300,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="summary JSON (default: a temporary directory)")
     ap.add_argument("--admission", default=None, metavar="SPEC",
-                    help="flow control at the proxy (lbbench proxy --admission SPEC), e.g. max_queue=64,max_outstanding=128")
+                    help="flow control at the proxy (lbbench proxy --admission SPEC), "
+                         "e.g. max_queue=64,max_outstanding=128")
     ap.add_argument("--slope-minutes", type=float, default=20.0,
                     help="the proxy RSS slope is fitted over this many last minutes of the replay")
     args = ap.parse_args()
@@ -325,7 +326,8 @@ def main() -> None:
     summary = {
         "minutes": args.minutes, "rate_per_s": args.rate, "load_workers": workers, "sent": len(reqs),
         "recorded": len(ids), "recorded_twice": len(ids) - len(set(ids)), "complete": res.complete,
-        "admission": args.admission, "shed": len(shed), "shed_by_status": {str(k): v for k, v in shed_by_status.items()},
+        "admission": args.admission, "shed": len(shed),
+        "shed_by_status": {str(k): v for k, v in shed_by_status.items()},
         "proxy_answered_by_status": soak.answered, "sim_shed_by_status": {str(k): v for k, v in sim_shed.items()},
         "achieved_send_rate_per_s": round((len(sends) - 1) / (sends[-1] - sends[0]), 2) if len(sends) > 1 else None,
         "load_1m_mean": round(sum(loads) / len(loads), 2) if loads else None, "load_1m_max": max(loads, default=None),
@@ -356,7 +358,8 @@ def main() -> None:
           f"sent at {summary['achieved_send_rate_per_s']} req/s achieved; host load (1 min) mean "
           f"{summary['load_1m_mean']}, max {summary['load_1m_max']} on {summary['cpus']} cores")
     shed_ok = all(shed_by_status.get(st, 0) == proxy_shed[st] for st in (429, 503))
-    print(f"shed: {len(shed)} records ({', '.join(f'{n} x {st}' for st, n in sorted(shed_by_status.items())) or 'none'}); "
+    by_status = ", ".join(f"{n} x {st}" for st, n in sorted(shed_by_status.items())) or "none"
+    print(f"shed: {len(shed)} records ({by_status}); "
           f"the proxy answered {proxy_shed[429]} x 429, {proxy_shed[503]} x 503 "
           f"({'equal' if shed_ok else 'NOT equal'}); the simulator, same requests and flow control, no kills: "
           f"{sum(sim_shed.values())}")
