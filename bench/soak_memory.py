@@ -52,7 +52,7 @@ def main() -> None:
     if args.trace:
         os.environ[ENV] = str(Path(args.trace).resolve())
         os.environ[ENV_WARMUP] = str(args.warmup)
-    soak_args = argparse.Namespace(kill_every=1e9, down=0.0, sample_every=args.sample_every)
+    soak_args = argparse.Namespace(kill_every=1e9, down=0.0, sample_every=args.sample_every, admission=None)
     soak, res, reqs, workers = run_soak(args, soak_args, "soak-memory")
     samples = soak.samples[:-1] if len(soak.samples) > 2 else soak.samples
     warm = [s for s in samples if s["t_s"] >= args.warmup] or samples

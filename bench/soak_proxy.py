@@ -21,10 +21,17 @@ Reports:
   does not means the host falls behind; both growing means the rate is above what the emulated fleet carries, and
   every process then holds a growing set of open streams (their buffers are what RSS follows).
 
+With ``--admission SPEC`` the proxy runs flow control (``lbbench proxy --admission SPEC``, ``lbbench.admission``):
+under overload it holds at most ``max_queue`` requests and answers the rest 429 (503 for one displaced). Then the
+script also reports the shed requests: every one must be a record with its 429/503 (never lost), and the records'
+count per status must equal the proxy's own ``lbbench_proxy_requests_total`` for that status; the proxy's RSS is
+given as first / peak / last and as its least-squares slope over the last ``--slope-minutes`` (20) of the replay,
+beside the host's load average at each sample and the rate the client achieved (records' send times).
+
 A summary is written to ``--out`` (JSON) with every sample and kill.
 
     python bench/soak_proxy.py [--minutes 30] [--kill-every 5] [--rate 80] [--sample-every 30] [--out FILE]
-                               [--load-workers auto|N]
+                               [--load-workers auto|N] [--admission max_queue=N,...] [--slope-minutes 20]
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_proxy import wait_healthy  # noqa: E402
 
+from lbbench.admission import SHED_PREFIX  # noqa: E402
 from lbbench.core import Request  # noqa: E402
 from lbbench.engines.vllm.emulator import free_port, free_port_range  # noqa: E402
 from lbbench.experiment.config import auto_load_workers  # noqa: E402
@@ -79,13 +87,38 @@ def in_flight(gateway: str, backend: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def in_flight_total(gateway: str) -> int:
-    """Requests in flight at the proxy, all backends (-1 when /metrics does not answer)."""
+def proxy_metrics(gateway: str) -> str:
+    """The proxy's /metrics text ("" when it does not answer)."""
     try:
-        text = urllib.request.urlopen(gateway + "/metrics", timeout=5).read().decode()
+        return urllib.request.urlopen(gateway + "/metrics", timeout=5).read().decode()
     except OSError:
+        return ""
+
+
+def in_flight_total(text: str) -> int:
+    """Requests in flight at the proxy, all backends, from its /metrics text (-1 when there is none)."""
+    if not text:
         return -1
     return sum(int(n) for n in re.findall(r'lbbench_proxy_backend_in_flight\{backend="[^"]*"\} (\d+)', text))
+
+
+def held_at_gateway(text: str) -> int:
+    """Requests waiting at the proxy (held by flow control or queued for the router; -1 without /metrics)."""
+    m = re.search(r"^lbbench_proxy_queue_depth (\d+)", text, re.M)
+    return int(m.group(1)) if m else -1
+
+
+def answered_by_status(text: str) -> dict[str, int]:
+    """The proxy's ``lbbench_proxy_requests_total`` by status."""
+    return {s: int(n) for s, n in re.findall(r'lbbench_proxy_requests_total\{status="([^"]+)"\} (\d+)', text)}
+
+
+def load_average_1m() -> float:
+    """The host's 1-minute load average (runnable processes; the host has ``os.cpu_count()`` cores)."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1.0
 
 
 def start_backend(port: int) -> subprocess.Popen:
@@ -98,16 +131,22 @@ def slope_per_min(ts: list[float], ys: list[float]) -> float:
     return 60.0 * slope(list(zip(ts, ys)))
 
 
-def simulated_in_flight(reqs: list[Request], times_s: list[float]) -> list[int]:
-    """Requests arrived and not finished at each of ``times_s`` (run clock), when the simulator serves ``reqs`` on
-    the soak's fleet (4 x PROFILE, least_requests, no kills)."""
+def simulated_in_flight(reqs: list[Request], times_s: list[float],
+                        admission: str | None = None) -> tuple[list[int], dict[int, int]]:
+    """Requests arrived and not ended (held at the gateway or at an instance) at each of ``times_s`` (run clock),
+    when the simulator serves ``reqs`` on the soak's fleet (4 x PROFILE, least_requests, no kills), with the same
+    flow control; and the requests it shed, by HTTP status."""
+    from lbbench.admission import parse_admission
     from lbbench.profiles import load_profile
     from lbbench.sim.cluster import ClusterSim
 
     prof = load_profile(PROFILE)
-    recs = ClusterSim(prof, 4, reqs, seed=0, run_id="soak-sim").run(
+    recs = ClusterSim(prof, 4, reqs, seed=0, run_id="soak-sim",
+                      admission=parse_admission(admission) if admission else None).run(
         get_router("least_requests", num_instances=4, seed=0, profile=prof))
-    return backlog_at([r.arrival_s for r in recs], [r.finish_s for r in recs], times_s)
+    ends = [r.dispatch_s if r.http_status in (429, 503) else r.finish_s for r in recs]  # shed: ends when shed
+    shed = Counter(r.http_status for r in recs if r.http_status in (429, 503))
+    return backlog_at([r.arrival_s for r in recs], ends, times_s), dict(shed)
 
 
 def workload(rate: float, minutes: float, seed: int) -> list[Request]:
@@ -130,12 +169,16 @@ class Soak:
             wait_healthy(u)
         gw_port = free_port()
         cmd = LB + ["proxy", "--port", str(gw_port), "--router", "least_requests"]
+        if args.admission:
+            cmd += ["--admission", args.admission]
         for u in self.backends:
             cmd += ["--endpoint", u]
         self.proxy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.gateway = f"http://127.0.0.1:{gw_port}"
         wait_healthy(self.gateway)
         self.kills: list[dict] = []
+        #: the proxy's answers by HTTP status at the end of the replay (``run_soak``)
+        self.answered: dict[str, int] = {}
         self.samples: list[dict] = []
         self.stop = threading.Event()
         self.t_start = time.monotonic()
@@ -145,10 +188,12 @@ class Soak:
 
     def sample(self) -> None:
         pids = self.client_pids()
+        text = proxy_metrics(self.gateway)
         self.samples.append({"t_s": round(time.monotonic() - self.t_start, 1),
                              "proxy_rss_mb": round(rss_mb(self.proxy.pid), 1),
                              "client_rss_mb": round(sum(rss_mb(p) for p in pids), 1),
-                             "client_processes": len(pids), "proxy_in_flight": in_flight_total(self.gateway)})
+                             "client_processes": len(pids), "proxy_in_flight": in_flight_total(text),
+                             "proxy_held": held_at_gateway(text), "load_1m": load_average_1m()})
 
     def chaos(self) -> None:
         """Sample RSS every ``sample_every`` s; kill and restart one backend every ``kill_every`` minutes."""
@@ -195,6 +240,11 @@ class Soak:
                 p.kill()
 
 
+def is_shed(r) -> bool:
+    """A record of a request the proxy's flow control shed (429 on arrival, 503 displaced)."""
+    return r.http_status in (429, 503) and r.error is not None and SHED_PREFIX in r.error
+
+
 def explain(records: list, kills: list[dict], origin_s: float, failure_times: dict[int, float]) -> dict:
     """Attribute each failure to a kill it was in flight for: sent before the kill, its failure seen after it
     (the first such kill); a failure no kill explains is reported."""
@@ -202,7 +252,7 @@ def explain(records: list, kills: list[dict], origin_s: float, failure_times: di
     per_kill = [0] * len(kills)
     unexplained = []
     for r in records:
-        if r.error is None:
+        if r.error is None or is_shed(r):
             continue
         sent = r.actual_send_s if r.actual_send_s is not None else r.arrival_s
         failed = failure_times.get(r.request_id, float("inf"))
@@ -231,6 +281,7 @@ def run_soak(args: argparse.Namespace, soak_args: argparse.Namespace, run_id: st
                          ReplaySettings(run_id=run_id, seed=args.seed, scrape_interval_s=None, load_workers=workers,
                                         request_timeout_s=120.0, stall_timeout_s=60.0, keep_token_times=False))
         soak.sample()
+        soak.answered = answered_by_status(proxy_metrics(soak.gateway))
     finally:
         soak.close(chaos)
     return soak, res, reqs, workers
@@ -248,20 +299,39 @@ def main() -> None:
     ap.add_argument("--load-workers", default="auto", help="auto (what lbbench run picks) or a count")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="summary JSON (default: a temporary directory)")
+    ap.add_argument("--admission", default=None, metavar="SPEC",
+                    help="flow control at the proxy (lbbench proxy --admission SPEC), "
+                         "e.g. max_queue=64,max_outstanding=128")
+    ap.add_argument("--slope-minutes", type=float, default=20.0,
+                    help="the proxy RSS slope is fitted over this many last minutes of the replay")
     args = ap.parse_args()
     soak, res, reqs, workers = run_soak(args, args, "soak")
     ids = [r.request_id for r in res.records]
-    failed = [r for r in res.records if r.error is not None]
+    shed = [r for r in res.records if is_shed(r)]
+    failed = [r for r in res.records if r.error is not None and not is_shed(r)]
     why = explain(res.records, soak.kills, res.clock_origin_s, res.failure_times)
     warm = [x for x in soak.samples if x["t_s"] >= args.warmup] or soak.samples
     first, last = warm[0], soak.samples[-2] if len(soak.samples) > 1 else soak.samples[-1]
     # the backlog while arrivals last (after the last arrival the replay only drains)
     during = [x for x in warm if x["t_s"] <= min(last["t_s"], reqs[-1].arrival_s - args.sample_every / 2)] or warm
     live_ts = [x["t_s"] for x in during]
-    sim_in_flight = simulated_in_flight(reqs, live_ts)
+    sim_in_flight, sim_shed = simulated_in_flight(reqs, live_ts, args.admission)
+    live_backlog = [x["proxy_in_flight"] + max(x["proxy_held"], 0) for x in during]
+    replay = [x for x in soak.samples if x["t_s"] <= last["t_s"]]
+    tail = [x for x in warm if x["t_s"] >= last["t_s"] - args.slope_minutes * 60 and x["t_s"] <= last["t_s"]]
+    sends = sorted(r.actual_send_s for r in res.records if r.actual_send_s is not None)
+    shed_by_status = Counter(r.http_status for r in shed)
+    proxy_shed = {st: soak.answered.get(str(st), 0) for st in (429, 503)}
+    loads = [x["load_1m"] for x in replay if x["load_1m"] >= 0]
     summary = {
         "minutes": args.minutes, "rate_per_s": args.rate, "load_workers": workers, "sent": len(reqs),
         "recorded": len(ids), "recorded_twice": len(ids) - len(set(ids)), "complete": res.complete,
+        "admission": args.admission, "shed": len(shed),
+        "shed_by_status": {str(k): v for k, v in shed_by_status.items()},
+        "proxy_answered_by_status": soak.answered, "sim_shed_by_status": {str(k): v for k, v in sim_shed.items()},
+        "achieved_send_rate_per_s": round((len(sends) - 1) / (sends[-1] - sends[0]), 2) if len(sends) > 1 else None,
+        "load_1m_mean": round(sum(loads) / len(loads), 2) if loads else None, "load_1m_max": max(loads, default=None),
+        "cpus": os.cpu_count(),
         "failed": len(failed), "failed_before_first_token": sum(r.first_token_s is None for r in failed),
         "failed_unexplained": len(why["unexplained"]), "unexplained": why["unexplained"][:20],
         "errors": dict(Counter(re.sub(r"\d+", "N", r.error)[:100] for r in failed).most_common(8)),
@@ -270,7 +340,12 @@ def main() -> None:
         "rss": soak.samples,
         "proxy_rss_growth_mb": round(last["proxy_rss_mb"] - first["proxy_rss_mb"], 1),
         "client_rss_growth_mb": round(last["client_rss_mb"] - first["client_rss_mb"], 1),
-        "in_flight_slope_per_min": round(slope_per_min(live_ts, [x["proxy_in_flight"] for x in during]), 1),
+        "proxy_rss_first_mb": first["proxy_rss_mb"], "proxy_rss_peak_mb": max(x["proxy_rss_mb"] for x in replay),
+        "proxy_rss_last_mb": last["proxy_rss_mb"],
+        "proxy_rss_tail_slope_mb_per_min": round(slope_per_min([x["t_s"] for x in tail],
+                                                               [x["proxy_rss_mb"] for x in tail]), 3),
+        "proxy_rss_tail_from_s": tail[0]["t_s"] if tail else None,
+        "in_flight_slope_per_min": round(slope_per_min(live_ts, live_backlog), 1),
         "sim_in_flight": dict(zip(map(str, live_ts), sim_in_flight)),
         "sim_in_flight_slope_per_min": round(slope_per_min(live_ts, sim_in_flight), 1),
         "load_worker_lag": res.load_workers,
@@ -278,8 +353,16 @@ def main() -> None:
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp()) / "soak.json"
     out.write_text(json.dumps(summary, indent=1))
     print(f"soak: {args.minutes:g} min at {args.rate:g} req/s through lbbench proxy (4 x serve-sim {PROFILE}, "
-          f"{workers} load worker(s)); {len(soak.kills)} kills")
-    print(f"records: {len(ids)}/{len(reqs)} recorded, {summary['recorded_twice']} twice, complete {res.complete}")
+          f"{workers} load worker(s), flow control {args.admission or 'off'}); {len(soak.kills)} kills")
+    print(f"records: {len(ids)}/{len(reqs)} recorded, {summary['recorded_twice']} twice, complete {res.complete}; "
+          f"sent at {summary['achieved_send_rate_per_s']} req/s achieved; host load (1 min) mean "
+          f"{summary['load_1m_mean']}, max {summary['load_1m_max']} on {summary['cpus']} cores")
+    shed_ok = all(shed_by_status.get(st, 0) == proxy_shed[st] for st in (429, 503))
+    by_status = ", ".join(f"{n} x {st}" for st, n in sorted(shed_by_status.items())) or "none"
+    print(f"shed: {len(shed)} records ({by_status}); "
+          f"the proxy answered {proxy_shed[429]} x 429, {proxy_shed[503]} x 503 "
+          f"({'equal' if shed_ok else 'NOT equal'}); the simulator, same requests and flow control, no kills: "
+          f"{sum(sim_shed.values())}")
     print(f"failures: {len(failed)} ({summary['failed_before_first_token']} before their first token), "
           f"{summary['failed_unexplained']} not in flight at any kill")
     for err, n in summary["errors"].items():
@@ -287,23 +370,27 @@ def main() -> None:
     for k in summary["kills"]:
         print(f"  kill of backend {k['backend']} at {k['at_run_s']:.1f} s: gauge read {k['in_flight_before']} in "
               f"flight just before, {k['failures']} client failures, back after {k['back_after_s']} s")
-    print("RSS (MB) and requests in flight over time: t_s proxy client in-flight (simulator's in-flight)")
+    print("RSS (MB), requests in flight and held at the proxy, host load over time: "
+          "t_s proxy client in-flight held load (simulator's in flight + held)")
     sim_at = dict(zip(live_ts, sim_in_flight))
     for s in soak.samples:
         sim = sim_at.get(s["t_s"])
-        print(f"  {s['t_s']:8.1f} {s['proxy_rss_mb']:8.1f} {s['client_rss_mb']:8.1f} {s['proxy_in_flight']:6d}"
-              + (f" ({sim})" if sim is not None else ""))
-    print(f"backlog after warm-up: in flight grows {summary['in_flight_slope_per_min']:+.1f}/min live, "
+        print(f"  {s['t_s']:8.1f} {s['proxy_rss_mb']:8.1f} {s['client_rss_mb']:8.1f} {s['proxy_in_flight']:6d} "
+              f"{s['proxy_held']:5d} {s['load_1m']:5.2f}" + (f" ({sim})" if sim is not None else ""))
+    print(f"backlog after warm-up: in flight + held grows {summary['in_flight_slope_per_min']:+.1f}/min live, "
           f"{summary['sim_in_flight_slope_per_min']:+.1f}/min in the simulator (same requests, no kills)")
     print(f"RSS growth from {first['t_s']:.0f} s to {last['t_s']:.0f} s: proxy {summary['proxy_rss_growth_mb']:+.1f} MB, client "
           f"{summary['client_rss_growth_mb']:+.1f} MB (target <= 50 MB over 30 minutes)")
+    print(f"proxy RSS: first {first['proxy_rss_mb']:.1f}, peak {summary['proxy_rss_peak_mb']:.1f}, last "
+          f"{last['proxy_rss_mb']:.1f} MB; slope {summary['proxy_rss_tail_slope_mb_per_min']:+.3f} MB/min over the "
+          f"samples from {summary['proxy_rss_tail_from_s']} s (the last {args.slope_minutes:g} minutes)")
     for w in res.load_workers:
         print(f"  load worker {w['worker']}: {w['requests']} requests, dispatch lag p50 {w['lag_p50_ms']:.2f} / "
               f"p99 {w['lag_p99_ms']:.2f} ms")
-    ok = (len(ids) == len(reqs) == len(set(ids)) and not why["unexplained"]
+    ok = (len(ids) == len(reqs) == len(set(ids)) and not why["unexplained"] and shed_ok
           and all(k["failures"] <= max(k["in_flight_before"], 0) + 5 for k in summary["kills"]))
-    print(f"summary: {out}; target (nothing lost, only requests in flight on a killed backend fail): "
-          f"{'met' if ok else 'missed'}")
+    print(f"summary: {out}; target (nothing lost, every shed request a record counted as the proxy counted it, only "
+          f"requests in flight on a killed backend fail): {'met' if ok else 'missed'}")
 
 
 if __name__ == "__main__":

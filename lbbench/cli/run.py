@@ -291,8 +291,8 @@ def config_from_flags(kw: dict[str, Any]) -> RunConfig:
               help="--counterfactual at every N-th decision only (bounds the run time).")
 @admission_options
 @click.option("--signal-lag-s", "signal_lag_s", type=float, default=0.0, show_default=True, metavar="S",
-              help="Simulator: the router sees what the instances report (load, first tokens, finishes) S seconds "
-                   "late, as a scraped or published signal; its own dispatches at once.")
+              help="The router sees what the instances report (load, first tokens, finishes) S seconds late, as a "
+                   "scraped or published signal; its own dispatches at once (simulated and live runs).")
 @trace_transform_options
 def run_cmd(**kw: Any) -> None:
     """Replay a workload through routers on a simulated or live cluster.

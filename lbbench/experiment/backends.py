@@ -233,6 +233,7 @@ class LiveFleet:
             load_workers=cfg.load_workers or 0, ray=self._ray_connected(), send_lead_s=cfg.send_lead_s,
             keep_token_times=False, saturation=saturation_policy(cfg, requests),
             kv_events=cfg.kv_events or None,
+            admission=parse_admission(cfg.admission) if cfg.admission else None, signal_lag_s=cfg.signal_lag_s,
             progress=lambda done, total: reporter.unit_progress(work.label, done, total))
         res = run_replay(requests, router, self.endpoints, settings)
         if res.load_workers:

@@ -312,12 +312,6 @@ class RunConfig:
             raise ConfigError(exc.problem, exc.field) from None
         if not self.signal_lag_s >= 0:
             raise ConfigError(f"{self.signal_lag_s:g} must be >= 0 seconds", "signal_lag_s")
-        if self.signal_lag_s and self.live:
-            raise ConfigError("a signal lag runs in the simulator and in lbbench proxy (--signal-lag-s); a live "
-                              "replay routes on its own events", "signal_lag_s")
-        if self.admission is not None and self.live:
-            raise ConfigError("flow control runs in the simulator and in lbbench proxy; a live replay sends "
-                              "every request (put lbbench proxy --admission in front of the endpoints)", "admission")
 
     def _check_roles(self, fleet: Fleet) -> None:
         """A fleet with roles runs pair routers on the simulator, and pair routers need one."""

@@ -33,6 +33,12 @@ run (``result.frame()`` scans them; ``result.records`` reads them back). Ctrl-C
 or SIGTERM stops the run: finished requests are kept and the result says
 ``complete=False``.
 
+Flow control and stale signals are the simulator's and the proxy's, on the same ``Drive``: with ``admission``
+(``lbbench.admission``) an arriving request is held at the client's gateway while the endpoints are full and
+released by band and tenant; one shed over ``max_queue`` is never sent and gets its record at once, with
+``http_status`` 429 (rejected on arrival) or 503 (displaced), ``instance`` -1 and the error the simulator gives it.
+With ``signal_lag_s`` the router sees what the endpoints report that much later.
+
 With ``load_workers=N`` (``lbbench.live.load_workers``) this process keeps the
 schedule, the router, the state and the records, and N worker processes (or Ray
 actors) send and read the streams. The router then decides each request
@@ -62,6 +68,7 @@ from typing import Callable, Sequence
 import aiohttp
 import polars as pl
 
+from ..admission import AdmissionSpec, shed_message
 from ..core import (Failed, Finished, FirstToken, InstanceSpec, MetricsSample, Request, RequestRecord,
                     TokensGenerated, chain_sessions)
 from ..dispatch import Router
@@ -254,6 +261,11 @@ class ReplaySettings:
     keep_token_times: bool = True
     """False leaves ``result.token_times`` empty: a long run then holds only its records (a few hundred bytes
     each; every token's time costs about 32 bytes more)."""
+    admission: AdmissionSpec | None = None
+    """Flow control (``lbbench.admission``): requests held while the endpoints are full, shed (429/503, recorded,
+    never sent) over ``max_queue``; None: every request is sent."""
+    signal_lag_s: float = 0.0
+    """The router sees what the endpoints report (tokens, finishes, health, metrics) this many seconds late."""
     saturation: SaturationPolicy | None = None
     """Samples the backlog (arrived, not yet ended) and marks the run saturated when it keeps growing faster than
     the policy's threshold over its window (``result.saturated_at_s``); unless the policy only marks, sending then
@@ -293,7 +305,8 @@ class _Replay:
         self.model = model
         self.out_dir = Path(settings.out_dir) if settings.out_dir is not None else None
         self.drive = Drive(router, specs, min_step_s=settings.min_step_s, on_dispatch=self._dispatched,
-                           on_error=self._crash)
+                           on_error=self._crash, admission=settings.admission, on_shed=self._shed,
+                           signal_lag_s=settings.signal_lag_s)
         self.state = self.drive.state
         self.log: RecordLog | None = None  # the records (``run``)
         self.token_times: dict[int, list[float]] = {}
@@ -471,8 +484,8 @@ class _Replay:
                 return
             now = self.now()
             while i < n and reqs[i].arrival_s - lead_s <= now + slack_s:
+                self.arrived_at[reqs[i].request_id] = now  # before: flow control may shed it at once
                 self.drive.arrive(reqs[i])
-                self.arrived_at[reqs[i].request_id] = now
                 i += 1
                 self._next_i = i
                 self.num_arrived += 1
@@ -489,8 +502,8 @@ class _Replay:
             return
         req = replace(req, arrival_s=now)
         self.no_lead.add(req.request_id)
+        self.arrived_at[req.request_id] = now  # before: flow control may shed it at once
         self.drive.arrive(req)
-        self.arrived_at[req.request_id] = now
         self.num_arrived += 1
         self._epoch(now)
 
@@ -516,6 +529,13 @@ class _Replay:
         task = self.loop.create_task(self._send(req, inst, now, req.arrival_s + held, prio, text, decode))
         self.in_flight[task] = (req, inst if decode is None else decode, now, req.arrival_s + held)
         task.add_done_callback(self._send_done)
+
+    def _shed(self, req: Request, status: int) -> None:
+        """Flow control shed ``req`` (429 on arrival, 503 displaced): never sent, recorded now, as the simulator
+        records it (``dispatch_s`` when it was shed, never before its arrival)."""
+        self.arrived_at.pop(req.request_id, None)
+        self.no_lead.discard(req.request_id)
+        self._record(req, -1, max(self.now(), req.arrival_s), None, None, shed_message(status), http_status=status)
 
     def _send_done(self, task: asyncio.Task) -> None:
         self.in_flight.pop(task, None)
@@ -554,7 +574,8 @@ class _Replay:
         self._epoch(self.now())
 
     def _record(self, req: Request, inst: int, dispatch_s: float | None, planned_s: float | None,
-                res: StreamResult | None, error: str | None = None, prefill: int | None = None) -> None:
+                res: StreamResult | None, error: str | None = None, prefill: int | None = None,
+                http_status: int | None = None) -> None:
         rec = RequestRecord.for_request(
             req, run_id=self.s.run_id, router=self.label, seed=self.s.seed, instance=inst, dispatch_s=dispatch_s,
             first_token_s=res.first_token_s if res else None, finish_s=res.finish_s if res else None,
@@ -562,7 +583,7 @@ class _Replay:
             planned_send_s=planned_s, actual_send_s=res.actual_send_s if res else None,
             server_prompt_tokens=res.server_prompt_tokens if res else None,
             server_output_tokens=res.server_output_tokens if res else None,
-            http_status=res.http_status if res else None, error=res.error if res else error)
+            http_status=res.http_status if res else http_status, error=res.error if res else error)
         if prefill is not None or (res is not None and res.pd_timing):  # a pair router's, or one behind a gateway's
             pd_record_fields(rec, prefill, res)
         nxt = self._next_turn.pop(req.request_id, None)
@@ -648,7 +669,7 @@ class _Replay:
             down = [iv.index for iv in self.state.view().instances if not iv.healthy]
             if down:
                 await self.drive.check_health(self._probe, down)
-            stuck = len(self.drive) > 0 and not self.in_flight and not self.remote and (
+            stuck = self.drive.waiting > 0 and not self.in_flight and not self.remote and (
                 self.num_arrived == len(self.requests) or not self.drive.healthy_indices())
             now = self.now()
             if not stuck:

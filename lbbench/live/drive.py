@@ -117,6 +117,11 @@ class Drive:
         """Requests waiting at the router."""
         return len(self.dispatcher)
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting at the router or held by flow control."""
+        return self.dispatcher.waiting
+
     def epoch(self, now: float | None = None) -> None:
         """A decision epoch: dispatch what the router decides now; tick again while requests wait.
 
@@ -154,10 +159,13 @@ class Drive:
         return None
 
     def drop_all(self) -> list[Request]:
-        """Empty the router's queue (requests that can never be dispatched)."""
+        """Empty the router's queue and flow control's held requests (requests that can never be dispatched)."""
         out = []
         while len(self.dispatcher):
             out.append(self.dispatcher.drop(0))
+        adm = self.dispatcher.admission
+        if adm is not None:
+            out += adm.release(adm.num_held)
         return out
 
     def close(self) -> None:

@@ -1,9 +1,11 @@
 """``lbbench proxy --admission --tenants``: over the queue limit a request gets 429; a higher band displaces a
 held request of a lower one (503) and is served; an unknown tenant gets 400; the held queue never grows past its
-limit and the metrics count every status. ``--signal-lag-s``: the router sees a finish only that much later."""
+limit and the metrics count every status; a burst beyond the queue is answered 429 at once, with exactly the limit
+held. ``--signal-lag-s``: the router sees a finish only that much later."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -107,10 +109,15 @@ def test_under_overload_every_request_is_answered_and_the_queue_stays_bounded():
             peak = [0, 0]
             stop = threading.Event()
 
+            async def counts() -> tuple[int, int]:
+                return disp.admission.num_held, gw.gateway.state.view().instances[0].num_outstanding
+
             def watch():
+                # read on the gateway's own loop, between its callbacks: an arrival is held and, when over the
+                # limit, shed in one callback, so a read from another thread could catch max_queue + 1 in between
                 while not stop.is_set():
-                    peak[0] = max(peak[0], disp.admission.num_held)
-                    peak[1] = max(peak[1], gw.gateway.state.view().instances[0].num_outstanding)
+                    held, out = gw.call(counts)
+                    peak[0], peak[1] = max(peak[0], held), max(peak[1], out)
                     time.sleep(0.002)
             watcher = threading.Thread(target=watch)
             watcher.start()
@@ -123,3 +130,82 @@ def test_under_overload_every_request_is_answered_and_the_queue_stays_bounded():
             assert peak[0] <= 8 and peak[1] <= 4
             assert disp.admission.num_held == 0 and disp.waiting == 0
             assert disp.admission.num_rejected == statuses.count(429)
+
+
+class _HeldBackend:
+    """A backend that answers nothing until ``release()``: it counts the requests it has received, so a test can
+    see what the gateway sent before any request finished."""
+
+    def __init__(self) -> None:
+        from aiohttp import web
+
+        self.received = 0
+        self._loop = asyncio.new_event_loop()
+        self._go = asyncio.Event()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def completions(request: web.Request) -> web.Response:
+            self.received += 1
+            await self._go.wait()
+            return web.json_response({"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(status=200)
+
+        async def start() -> int:
+            app = web.Application()
+            app.add_routes([web.post("/v1/completions", completions), web.get("/health", health)])
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            return site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{asyncio.run_coroutine_threadsafe(start(), self._loop).result(30)}"
+
+    def release(self) -> None:
+        self._loop.call_soon_threadsafe(self._go.set)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_burst_beyond_the_queue_is_answered_429_while_the_held_wait():
+    """Counts only: with a backend that answers nothing, a burst of 3 + 5 + 12 requests leaves 3 at the backend
+    (max_outstanding), 5 held (max_queue) and 12 answered 429 before any request finished; once the backend
+    answers, the 8 others get 200."""
+    backend = _HeldBackend()
+    try:
+        cfg = ProxyConfig(backends=[backend.url], router=get_router("round_robin", num_instances=1, seed=0),
+                          health_interval_s=0.2, admission=AdmissionSpec(max_queue=5, max_outstanding=3))
+        with GatewayThread(cfg) as gw:
+            statuses: list[int] = []
+            lock = threading.Lock()
+
+            def post() -> None:
+                status = _post(gw.url, None, 1)[0]
+                with lock:
+                    statuses.append(status)
+            threads = [threading.Thread(target=post) for _ in range(20)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 60  # a hang guard, not a timing assertion
+            while (len(statuses) < 12 or backend.received < 3) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            adm = gw.gateway.dispatcher.admission
+            assert sorted(statuses) == [429] * 12  # the rest are answered at once, while the backend holds all
+            assert adm.num_held == 5 and backend.received == 3
+            assert gw.gateway.state.view().instances[0].num_outstanding == 3
+            assert adm.num_rejected == 12 and adm.num_evicted == 0
+            backend.release()
+            for t in threads:
+                t.join(60)
+            assert sorted(statuses) == [200] * 8 + [429] * 12
+            assert backend.received == 8 and adm.num_held == 0
+            metrics = urllib.request.urlopen(gw.url + "/metrics").read().decode()
+            assert 'lbbench_proxy_requests_total{status="429"} 12' in metrics
+            assert 'lbbench_proxy_requests_total{status="200"} 8' in metrics
+    finally:
+        backend.close()
