@@ -655,7 +655,7 @@ class _Replay:
         self._record(req, inst, dispatch_s, planned_s, None, CANCELLED)
 
     # -- health, stalls, metrics ---------------------------------------------------------
-    async def _probe(self, inst: int) -> bool:
+    async def _probe(self, inst: int) -> bool | None:
         return await probe_health(self.session, self.endpoints[inst])
 
     async def _watch(self) -> None:

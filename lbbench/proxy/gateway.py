@@ -8,7 +8,8 @@ feed the cluster state exactly as in a replay, so a policy chosen or trained wit
 the same way.
 
 - **Health.** Each backend's ``/health`` is probed every ``health_interval_s``; a backend that refuses a
-  connection is marked down at once and comes back when its probe answers.
+  connection is marked down at once, one that leaves ``SLOW_PROBES_DOWN`` probes in a row unanswered too, and it
+  comes back when its probe answers.
 - **Retries.** A request whose backend failed before the first byte reached the client is routed again (at
   most ``max_retries`` times); one that already streamed is not (the client has part of an answer).
 - **Limits.** Bodies over ``max_body_bytes`` are refused with 413; ``api_key`` requires
@@ -400,7 +401,7 @@ class Gateway:
         return web.Response(text=self.metrics.render(self.dispatcher.waiting), content_type="text/plain")
 
     # -- health ---------------------------------------------------------------------------
-    async def _probe(self, i: int) -> bool:
+    async def _probe(self, i: int) -> bool | None:
         return await probe_health(self.session, self.cfg.backends[i])
 
     async def _watch_health(self) -> None:

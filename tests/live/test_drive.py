@@ -108,6 +108,30 @@ async def test_check_health_feeds_changes_and_runs_an_epoch_when_one_comes_back(
     drive.close()
 
 
+async def test_an_unanswered_probe_takes_an_instance_down_only_at_the_third_in_a_row():
+    from lbbench.live.drive import SLOW_PROBES_DOWN
+
+    drive = Drive(_DeferN(0), [InstanceSpec()] * 2, min_step_s=0.01, on_dispatch=lambda req, inst, now: None)
+    answers = {0: None, 1: False}
+
+    async def probe(i):
+        return answers[i]
+
+    assert SLOW_PROBES_DOWN == 3
+    assert await drive.check_health(probe, [0, 1]) == [True, False]  # refused: down at once; slow: still up
+    assert await drive.check_health(probe, [0]) == [True]
+    answers[0] = True
+    assert await drive.check_health(probe, [0]) == [True]  # an answer resets the count
+    answers[0] = None
+    for _ in range(SLOW_PROBES_DOWN - 1):
+        assert await drive.check_health(probe, [0]) == [True]
+    assert await drive.check_health(probe, [0]) == [False] and drive.healthy_indices() == []
+    assert await drive.check_health(probe, [0]) == [False]  # a down instance stays down until it answers
+    answers[0] = True
+    assert await drive.check_health(probe, [0]) == [True] and drive.healthy_indices() == [0]
+    drive.close()
+
+
 def test_quiet_gc_freezes_during_the_run_and_restores_the_collector():
     import gc
 
