@@ -44,7 +44,6 @@ class PrecisePrefix(PrefixLoad):
         self.index = KVEventIndex(num_instances, float(event_lag_s), float(event_loss), seed)
         self.bound = False
         self.speculative, self.speculative_ttl_s = bool(speculative), float(speculative_ttl_s)
-        self._now_s = 0.0
 
     def bind_kv_events(self, subscribe: Callable[[Callable[..., None]], None]) -> None:
         """``subscribe(callback)`` registers ``callback(instance, time_s, event)`` for every KV event."""
@@ -53,7 +52,6 @@ class PrecisePrefix(PrefixLoad):
 
     def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
         self.index.catch_up(now_s)
-        self._now_s = now_s
         keys = block_keys(r, self.block_size)
         matched = [self.index.longest_prefix(iv.index, keys, now_s) for iv in healthy]
         hits = [m for m in matched if m > 0]
@@ -62,8 +60,9 @@ class PrecisePrefix(PrefixLoad):
         lo, hi = min(hits), max(hits)
         return [0.0 if m == 0 else 1.0 if hi == lo else (m - lo) / (hi - lo) for m in matched]
 
-    def sent(self, inst: int, r: Request) -> None:
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
         """The cache is read from the events; with ``speculative``, the chosen instance is also taken to hold the
         prompt's blocks from now until the TTL runs out."""
+        self._last = instance
         if self.speculative:
-            self.index.speculate(inst, block_keys(r, self.block_size), self._now_s + self.speculative_ttl_s)
+            self.index.speculate(instance, block_keys(request, self.block_size), now_s + self.speculative_ttl_s)
