@@ -75,8 +75,13 @@ class CacheAware(_Base):
             else:
                 inst = self._argmin(view, lambda iv: self.trees.tokens[iv.index])
         assert inst is not None
-        self.trees.insert(inst, r, evict=False)
+        self.placed(r, inst, now_s)
         return Decision(0, inst)
+
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """The radix tree of ``instance`` takes the prompt (SGLang evicts on its own timer, not here). The tie
+        rotation moves only when the least-loaded pick chose (``_argmin``), as before."""
+        self.trees.insert(instance, request, evict=False)
 
 
 @register("prefix_load", "llm-d-style scorers: 3 x prefix-cache match + 2 x queue + 2 x KV-cache headroom")
@@ -103,7 +108,7 @@ class PrefixLoad(_Base):
             scores[iv.index] = wp * prefix + wq * queue_score + wk * (1.0 - min(1.0, used))
         inst = self._argmin(view, lambda iv: -scores.get(iv.index, float("-inf")))
         assert inst is not None
-        self.sent(inst, r)
+        self.placed(r, inst, now_s)
         return Decision(0, inst)
 
     def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
@@ -111,9 +116,10 @@ class PrefixLoad(_Base):
         before."""
         return [self.trees.match_tokens(iv.index, r) / max(1, r.prompt_tokens) for iv in healthy]
 
-    def sent(self, inst: int, r: Request) -> None:
-        """``r`` goes to ``inst``: the router's prefix view remembers it."""
-        self.trees.insert(inst, r)
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """The router's prefix view remembers the placement."""
+        super().placed(request, instance, now_s)
+        self.trees.insert(instance, request)
 
 
 @register("session_affinity", "every turn of a session to the instance of its first turn (least loaded then)")

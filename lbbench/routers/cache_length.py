@@ -128,8 +128,13 @@ class CacheLengthAware(_Base):
         else:
             inst = self._argmin(view, lambda iv: -headroom.get(iv.index, float("-inf")))
         assert inst is not None
-        hit = min(self.trees.match_tokens(inst, r), r.prompt_tokens - 1)
-        self.dispatched(r, inst, now_s)
-        self.prefill.dispatched(r, inst, r.prompt_tokens - hit)
-        self.trees.insert(inst, r)
+        self.placed(r, inst, now_s)
         return Decision(0, inst)
+
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """The queued uncached prefill and the prefix trees learn of the placement."""
+        super().placed(request, instance, now_s)
+        hit = min(self.trees.match_tokens(instance, request), request.prompt_tokens - 1)
+        self.dispatched(request, instance, now_s)
+        self.prefill.dispatched(request, instance, request.prompt_tokens - hit)
+        self.trees.insert(instance, request)

@@ -49,6 +49,12 @@ class _Base:
             self._last = best
         return best
 
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """``request`` goes to ``instance`` now: what the router remembers of a placement. A router's own ``route``
+        makes it for its own decisions; a planner (``lookahead``) makes it on a copy it keeps beside the run, for the
+        placements the planner decided. Here: the tie rotation continues after ``instance``."""
+        self._last = instance
+
     def cost(self, iv: InstanceView) -> float:
         """Load figure of one instance; the default ``pick`` takes the lowest."""
         raise NotImplementedError

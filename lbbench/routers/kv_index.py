@@ -44,6 +44,18 @@ class KVEventIndex:
         self._seq = 0
         self.num_events = self.num_lost = self.num_skipped = 0
 
+    def __deepcopy__(self, memo: dict) -> "KVEventIndex":
+        """A separate copy (block sets copied once each; events are immutable and shared): a planner copies the
+        index into every rollout."""
+        new = KVEventIndex.__new__(KVEventIndex)
+        new.__dict__.update(self.__dict__)
+        new.blocks = [set(b) for b in self.blocks]
+        new.speculative = [dict(s) for s in self.speculative]
+        new._rng = random.Random()
+        new._rng.setstate(self._rng.getstate())
+        new._pending = list(self._pending)
+        return new
+
     def on_event(self, instance: int, time_s: float, event: KVCacheEvent) -> None:
         """A published event (``ClusterSim.subscribe_kv_events``'s callback)."""
         self.num_events += 1

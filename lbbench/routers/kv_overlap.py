@@ -63,6 +63,14 @@ class PendingPrefill:
         self._sent: dict[int, tuple[int, int, int]] = {}  # request id -> (instance, counted tokens, prompt)
         self._waiting: set[int] = set()
 
+    def __deepcopy__(self, memo: dict) -> "PendingPrefill":
+        """A separate copy, one C copy per container (its values are ints and tuples of ints): a planner copies it
+        into every rollout."""
+        new = PendingPrefill.__new__(PendingPrefill)
+        new.tokens, new.count_preemptions = list(self.tokens), self.count_preemptions
+        new._sent, new._waiting = dict(self._sent), set(self._waiting)
+        return new
+
     def dispatched(self, request: Request, instance: int, uncached_tokens: int) -> None:
         self._sent[request.request_id] = (instance, uncached_tokens, request.prompt_tokens)
         self._waiting.add(request.request_id)
@@ -232,8 +240,14 @@ class KvOverlap(_Seeded):
             inst = tied[0] if len(tied) == 1 else tied[int(self._rng.integers(len(tied)))]
         else:
             inst = idx[softmax_pick(values, self.temperature, float(self._rng.random()))]
-        self.trees.insert(inst, r)
-        self.prefill.dispatched(r, inst, costs[inst][1])
-        self.active.add(r, inst)
-        self._last = inst
+        self.placed(r, inst, now_s)
         return Decision(0, inst)
+
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """The prefix view, the pending prefill and the active blocks learn of the placement."""
+        new_tokens = max(0, request.prompt_tokens - self.trees.match_tokens(instance, request)
+                         // self.block_tokens * self.block_tokens)
+        self.trees.insert(instance, request)
+        self.prefill.dispatched(request, instance, new_tokens)
+        self.active.add(request, instance)
+        self._last = instance

@@ -18,15 +18,28 @@ keeps the one with the lowest total E2E for the whole run (one extra episode per
 ``backfill_gate`` is the hand-set gate of the headroom tables (when the head fits nowhere it dispatches the
 oldest of the 16 oldest that fits, so *its* action may be a request behind the head; the best cheap heuristic
 measured on 4 x V100, +7.9 % over round robin); ``gate`` (``backfill_depth=1``, ``refresh_s=1``) stays
-strictly at the head of the line and gains less. A fresh base router is built for every rollout, so "the base
-policy from this state" does not depend on the planner's own history.
+strictly at the head of the line and gains less.
+
+**The base's state in the rollouts.** A router that remembers (prefix trees, in-flight tokens, a KV-event
+index, a learned model) is only the base policy *with its memory*: a fresh one is cache-blind. So the planner
+keeps one live base router beside the run (``LookaheadRouter.live``): it sees every event the run reports
+(``on_event``), is told of every placement, whoever decided it (``placed``, the same hook its own ``route``
+uses), and a precise prefix base is subscribed to the run's KV events. Every rollout routes with a copy of it
+(``copy_router``: ``copy.deepcopy``, the profiles shared; the prefix trees and the KV index copy themselves one C
+copy per instance), which the fork subscribes to its own KV events (``set_router``); the candidate's own
+placement is told to the copy before the fork runs. The base policy from this state is then exactly what
+running the base from the start would be (its memory is a function of the placements and events so far), and the
+never-worse property below holds for stateful bases too. ``plan_action`` (a pure function of a simulator, no
+history) builds a fresh base.
 
 **Cost of a rollout** (sum of E2E latencies, from the decision on). Let ``T = now + horizon_s``. The
 requests in scope are those in the system now (router queue and instances) and those arriving by ``T``.
 A request that finishes by ``T`` costs ``finish - max(arrival, now)``; one still unfinished at ``T`` costs
 ``T - max(arrival, now)`` plus an estimate of what it still waits: the unfinished requests are served as a
 fluid FIFO queue (in arrival order) by the cluster, each needing its remaining prefill (prompt tokens not yet
-computed, times the per-token prefill time) and decode work (output tokens not yet generated, times one
+computed, less, for a request nothing of which is computed yet, the prompt tokens the prefix cache holds for it
+in the fork: on its instance, or for one still at the router the best instance's (``ClusterSim.
+cached_prompt_tokens``, the scheduler's leading-block lookup); times the per-token prefill time) and decode work (output tokens not yet generated, times one
 per-token decode cost for the whole run, ``decode_token_s``: a full batch's step time over its size, so
 that where a request sits in a batch never makes its work look cheaper), ``num_instances`` instance-seconds
 of work per second; a request's estimate is the cumulative work up to and including it divided by
@@ -66,6 +79,7 @@ use as a teacher (imitation learning) outside a run.
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from dataclasses import dataclass, fields, replace
@@ -73,7 +87,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..core import ClusterView, Decision, Request
+from ..core import ClusterView, Decision, Dispatched, Event, Request
 from ..errors import InputError
 from ..profiles import Profile
 from ..sim.cluster import ClusterSim
@@ -192,6 +206,12 @@ def make_base(base: str, num_instances: int, seed: int, profile: Profile | None)
     if base == "best":
         raise PlannerError("lookahead: base best is resolved on the simulator first (resolve_base)")
     return get_router(base, num_instances=num_instances, seed=seed, profile=profile)
+
+
+def copy_router(router: Any, sim: ClusterSim) -> Any:
+    """An independent copy of a base router with its memory (``copy.deepcopy``; the simulator's profiles, which
+    never change, are shared)."""
+    return copy.deepcopy(router, {id(p): p for p in sim.profiles})
 
 
 def check_base(params: "LookaheadParams", num_instances: int, seed: int, profile: Profile | None) -> None:
@@ -318,15 +338,19 @@ def _unfinished_estimate_s(sim: ClusterSim, now_s: float, end_s: float, costs: I
     pre, dec = costs.prefill_token_s, costs.decode_token_s
     qa, qtau = costs.queued_prefill_token_s, costs.queued_decode_token_s
     rows: list[tuple[float, float]] = []  # (arrival, remaining work in instance-seconds)
+    m = sim.num_instances
     for i, r, comp, gen in sim.pending_work():
         a, tau = (qa, qtau) if i is None else (pre[i], dec[i])
-        work = max(0, r.prompt_tokens + gen - comp) * a + max(0, r.output_tokens - gen) * tau
+        hit = 0
+        if comp == 0 and r.prefix_hashes:  # nothing computed yet: the prefix cache gives what it holds
+            hit = (sim.cached_prompt_tokens(i, r) if i is not None
+                   else max(sim.cached_prompt_tokens(j, r) for j in range(m)))
+        work = max(0, r.prompt_tokens + gen - comp - hit) * a + max(0, r.output_tokens - gen) * tau
         rows.append((r.arrival_s, work))
     if not rows:
         return 0.0, 0
     arr = np.array(rows)
     arr = arr[np.argsort(arr[:, 0], kind="stable")]
-    m = sim.num_instances
     waited = np.sum(end_s - np.maximum(arr[:, 0], now_s))
     return float(waited + np.sum(np.cumsum(arr[:, 1])) / m), len(rows)
 
@@ -410,9 +434,12 @@ def fork_cost(sim: ClusterSim, action: Decision | None, router: Any, pending: Se
     first = len(fork.records)
     disp = fork.dispatcher
     out = list(pending)
+    fork.set_router(router)  # first: the candidate's dispatch below reaches the router's hooks, not the planner's
     if action is not None and not as_base:
+        placed = getattr(router, "placed", None)
+        if placed is not None:  # the base's memory learns of the candidate as of its own placements
+            placed(disp.queue[action.queue_index], action.instance, now)
         out.append((disp.dispatch(action.queue_index, action.instance, now), action.instance))
-    fork.set_router(router)
     if as_base or action is not None:
         out += disp.decide(now)
     fork.send(out)
@@ -422,10 +449,16 @@ def fork_cost(sim: ClusterSim, action: Decision | None, router: Any, pending: Se
 
 
 def _evaluate(sim: ClusterSim, action: Decision | None, pending: Sequence[tuple[Request, int]],
-              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: InstanceCosts
-              ) -> tuple[float, int]:
-    base = make_base(params.base, sim.num_instances, seed, sim.profile)
-    return fork_cost(sim, action, base, pending, horizon_s, tau, as_base)
+              params: LookaheadParams, seed: int, as_base: bool, horizon_s: float, tau: InstanceCosts,
+              live: Any = None) -> tuple[float, int]:
+    return fork_cost(sim, action, _base_router(sim, params, seed, live), pending, horizon_s, tau, as_base)
+
+
+def _base_router(sim: ClusterSim, params: LookaheadParams, seed: int, live: Any) -> Any:
+    """The base router a rollout routes with: a copy of the live one (its memory of the run), else a fresh one."""
+    if live is not None:
+        return copy_router(live, sim)
+    return make_base(params.base, sim.num_instances, seed, sim.profile)
 
 
 def plan_action(sim: ClusterSim, *, reorder: bool = False, horizon_s: float = 5.0, base: str = "gate",
@@ -456,35 +489,35 @@ def _margin(params: LookaheadParams, horizon_s: float) -> float:
     return params.margin_s if math.isfinite(horizon_s) else 0.0
 
 
-def _plan(sim: ClusterSim, params: LookaheadParams, pending: Sequence[tuple[Request, int]], seed: int
-          ) -> tuple[Decision | None, int, bool]:
-    """(best action, number of rollouts, whether it replaced the base policy's own action)."""
+def _plan(sim: ClusterSim, params: LookaheadParams, pending: Sequence[tuple[Request, int]], seed: int,
+          live: Any = None) -> tuple[Decision | None, int, bool]:
+    """(best action, number of rollouts, whether it replaced the base policy's own action). ``live``: the base
+    router with its memory of the run, copied into every rollout (None: a fresh base each time)."""
     queue = sim.dispatcher.queue
     if not queue:
         return None, 0, False
     tau = instance_costs(sim)  # computed once per simulator; its forks are given it
     view = sim.view(detail=True)
-    base = make_base(params.base, sim.num_instances, seed, sim.profile)
-    base_action = base.route(queue, view, sim.now_s)
+    base_action = _base_router(sim, params, seed, live).route(queue, view, sim.now_s)
     cands = [c for c in _candidates(queue, view, params.reorder, params.k) if c != base_action]
     if not cands:
         return base_action, 0, False
     h = params.horizon_s
     two_stage = 0.0 < params.screen_s < h and math.isfinite(h)
     h1 = params.screen_s if two_stage else h
-    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h1, tau)
+    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h1, tau, live)
     bar = base_cost - _margin(params, h1) * n_scope
     best, best_cost = base_action, bar
     n = 1
     for cand in cands:
-        c = _evaluate(sim, cand, pending, params, seed, False, h1, tau)[0]
+        c = _evaluate(sim, cand, pending, params, seed, False, h1, tau, live)[0]
         n += 1
         if c < best_cost:
             best, best_cost = cand, c
     if best is base_action or not two_stage:
         return best, n, best is not base_action
-    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h, tau)
-    c = _evaluate(sim, best, pending, params, seed, False, h, tau)[0]
+    base_cost, n_scope = _evaluate(sim, None, pending, params, seed, True, h, tau, live)
+    c = _evaluate(sim, best, pending, params, seed, False, h, tau, live)[0]
     n += 2
     if c < base_cost - _margin(params, h) * n_scope:
         return best, n, True
@@ -513,6 +546,7 @@ class LookaheadRouter:
         self.num_plans = 0
         self.num_rollouts = 0
         self.num_replaced = 0  # decisions where a candidate replaced the base policy's own action
+        self.live: Any = None  # the base router beside the run, fed its events and placements (bind_simulator)
         self._idle_sig: tuple | None = None
         self._idle_s = -math.inf
 
@@ -525,6 +559,24 @@ class LookaheadRouter:
         if prm.base == "best":
             self.base_costs = base_costs(sim, prm.best_of, self.seed)
             self.params = replace(prm, base=min(prm.best_of, key=lambda b: self.base_costs[b]))
+        self.live = make_base(self.params.base, sim.num_instances, self.seed, sim.profile)
+        bind_kv = getattr(self.live, "bind_kv_events", None)
+        if bind_kv is not None:  # a precise prefix base indexes the run's KV events
+            bind_kv(sim.subscribe_kv_events)
+
+    def on_event(self, ev: Event) -> None:
+        """The run's events reach the live base as they would reach it routing alone: a placement first
+        (``placed``, what its own ``route`` does), then the event itself."""
+        live = self.live
+        if live is None:
+            return
+        if type(ev) is Dispatched:
+            placed = getattr(live, "placed", None)
+            if placed is not None:
+                placed(ev.request, ev.instance, ev.time_s)
+        hook = getattr(live, "on_event", None)
+        if hook is not None:
+            hook(ev)
 
     def route(self, queue: Sequence[Request], view: ClusterView, now_s: float) -> Decision | None:
         sim = self.sim
@@ -537,7 +589,7 @@ class LookaheadRouter:
         sig = (queue[0].request_id, tuple((iv.num_outstanding, iv.num_prefilling) for iv in view.instances))
         if sig == self._idle_sig and now_s - self._idle_s < prm.refresh_s:
             return None
-        action, n, replaced = _plan(sim, prm, sim.dispatcher.decided, self.seed)
+        action, n, replaced = _plan(sim, prm, sim.dispatcher.decided, self.seed, self.live)
         self.num_plans += 1
         self.num_rollouts += n
         self.num_replaced += replaced

@@ -108,8 +108,9 @@ class OnlineTTFT(CacheLengthAware):
         return max(0.0, self.model.predict(x))
 
     def dispatched(self, request: Request, instance: int, now_s: float) -> None:
-        x = self._cand[instance]
-        self._sent[request.request_id] = (x, max(0.0, self.model.predict(x)), now_s)
+        x = self._cand.get(instance)  # None: placed by another's decision (a planner's copy), nothing predicted
+        if x is not None:
+            self._sent[request.request_id] = (x, max(0.0, self.model.predict(x)), now_s)
         self._cand = {}
 
     def on_event(self, ev: Event) -> None:

@@ -47,7 +47,6 @@ class PrecisePrefix(PrefixLoad):
         self.index = KVEventIndex(num_instances, float(event_lag_s), float(event_loss), seed)
         self.bound = False
         self.speculative, self.speculative_ttl_s = bool(speculative), float(speculative_ttl_s)
-        self._now_s = 0.0
         self._request_keys: Callable[[Request], list[int]] | None = None  # None: ``block_keys``
 
     def bind_kv_events(self, subscribe: Callable[[Callable[..., None]], None],
@@ -64,7 +63,6 @@ class PrecisePrefix(PrefixLoad):
 
     def prefix_scores(self, r: Request, healthy: Sequence[InstanceView], now_s: float) -> list[float]:
         self.index.catch_up(now_s)
-        self._now_s = now_s
         keys = self.request_keys(r)
         matched = [self.index.longest_prefix(iv.index, keys, now_s) for iv in healthy]
         hits = [m for m in matched if m > 0]
@@ -73,8 +71,9 @@ class PrecisePrefix(PrefixLoad):
         lo, hi = min(hits), max(hits)
         return [0.0 if m == 0 else 1.0 if hi == lo else (m - lo) / (hi - lo) for m in matched]
 
-    def sent(self, inst: int, r: Request) -> None:
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
         """The cache is read from the events; with ``speculative``, the chosen instance is also taken to hold the
         prompt's blocks from now until the TTL runs out."""
+        self._last = instance
         if self.speculative:
-            self.index.speculate(inst, self.request_keys(r), self._now_s + self.speculative_ttl_s)
+            self.index.speculate(instance, self.request_keys(request), now_s + self.speculative_ttl_s)

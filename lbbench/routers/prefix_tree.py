@@ -60,6 +60,15 @@ class PrefixTrees:
         self.tokens = [0] * num_instances
         self._memo: tuple[int, list[int], int] | None = None  # (request id, chains, tokens per hash)
 
+    def __deepcopy__(self, memo: dict) -> "PrefixTrees":
+        """A separate copy in one C-level copy per tree (keys and sizes are ints): a planner copies a router's
+        trees into every rollout."""
+        new = PrefixTrees.__new__(PrefixTrees)
+        new.max_tokens, new.block_tokens, new._memo = self.max_tokens, self.block_tokens, None
+        new.trees = [t.copy() for t in self.trees]
+        new.tokens = list(self.tokens)
+        return new
+
     def _chains(self, request: Request) -> tuple[list[int], int]:
         m = self._memo
         if m is not None and m[0] == request.request_id:

@@ -144,9 +144,14 @@ class TokenAffinity(_Seeded):
         inst = self._argmin(view, lambda iv: -(1.0 - min(1.0, tokens[iv.index] / q))
                             if iv.index in in_play else math.inf)
         assert inst is not None
-        uncached = llmd_prefix_score(self.trees, inst, r)[1]
-        self.trees.insert(inst, r)
-        self.inflight.dispatched(r, inst, uncached)
-        if r.session_id is not None:
-            self.home[r.session_id] = inst
+        self.placed(r, inst, now_s)
         return Decision(0, inst)
+
+    def placed(self, request: Request, instance: int, now_s: float) -> None:
+        """The prefix index, the in-flight tokens and the session's home learn of the placement."""
+        super().placed(request, instance, now_s)
+        uncached = llmd_prefix_score(self.trees, instance, request)[1]
+        self.trees.insert(instance, request)
+        self.inflight.dispatched(request, instance, uncached)
+        if request.session_id is not None:
+            self.home[request.session_id] = instance

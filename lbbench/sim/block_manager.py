@@ -38,12 +38,15 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from .kv_events import KVCacheEvent, KVEventCallback
 from .offload import CpuTier
 from .prefix_cache import Hit, PrefixCache, block_keys
 from .request import SimRequest
+
+if TYPE_CHECKING:
+    from ..core import Request
 
 
 class KVBlockManager:
@@ -125,6 +128,22 @@ class KVBlockManager:
         """``r`` reaches the instance: name its blocks by their prefix keys (prefix caching on)."""
         if self.cache is not None:
             r.keys = block_keys(r.request, self.block_size)
+
+    def num_cached_prompt_tokens(self, request: Request, keys: Sequence[int] | None = None) -> int:
+        """The prompt tokens of ``request`` whose blocks the prefix cache holds now (leading full blocks, at most
+        all but the prompt's last token, as ``lookup`` reuses them; no eviction is settled, nothing changes). 0 with
+        caching off. ``keys``: the request's block keys when known (``block_keys`` otherwise)."""
+        cache = self.cache
+        if cache is None:
+            return 0
+        bs = self.block_size
+        ref = cache.ref
+        n, max_hit = 0, (request.prompt_tokens - 1) // bs
+        for key in (block_keys(request, bs) if keys is None else keys):
+            if n >= max_hit or key not in ref:
+                break
+            n += 1
+        return n * bs
 
     def lookup(self, r: SimRequest) -> Hit | None:
         """The cached blocks an admission of ``r`` would reuse (vLLM's ``get_computed_blocks``), or None when

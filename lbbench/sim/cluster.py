@@ -320,6 +320,14 @@ class ClusterSim:
         rows.extend(PendingWork(None, r, 0, 0) for r in self.dispatcher.queue)
         return rows
 
+    def cached_prompt_tokens(self, instance: int, request: Request) -> int:
+        """The prompt tokens of ``request`` that ``instance``'s prefix cache holds now (``KVBlockManager.
+        num_cached_prompt_tokens``; on the instance already, its own block keys): what admitting it there would
+        reuse. Reads only."""
+        inst = self.instances[instance]
+        r = inst.reqs.get(request.request_id)
+        return inst.kv.num_cached_prompt_tokens(request, r.keys if r is not None else None)
+
     def subscribe_kv_events(self, callback: Callable[[int, float, KVCacheEvent], None]) -> None:
         """Call ``callback(instance, time_s, event)`` for every KV cache event of every instance from now on
         (``lbbench.sim.kv_events``: blocks stored in or evicted from an instance's prefix cache, as vLLM

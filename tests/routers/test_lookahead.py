@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lbbench.core import Request
 from lbbench.routers import get_router
 from lbbench.routers.lookahead import LookaheadRouter, PlannerError, plan_action
 from lbbench.sim.cluster import ClusterSim
@@ -76,8 +77,9 @@ def _unit_profile():
 def test_hand_case_planner_keeps_short_requests_off_the_long_ones_instance():
     """2 instances, all at t=0 in this order: A (10 tokens), B (100), C (10), D (10), no margin. Round robin alternates:
     A and C on instance 0 (E2E 0.1 and 0.2 s), B and D on 1 (1.0 and 1.1 s): mean 2.4 / 4. The planner
-    with exact rollouts of a round-robin base (a fresh one per rollout, so its next pick is instance 0)
-    ties on A (to 0), sends B to 1 (B to 0 would cost 2.5), ties on C (to 0), and sends D behind C on 0
+    with exact rollouts of a round-robin base (a copy of the live base per rollout, so its next pick is the
+    instance after the last placement) takes A to 0 (A to 1 ties), sends B to 1 (B to 0 would cost 2.5), takes C
+    to 0 (C to 1 ties), and sends D behind C on 0
     instead of behind B: A 0.1, B 1.0, C 0.2, D 0.3 s, mean 1.6 / 4."""
     profile = _unit_profile()
     reqs = [req(0, 0.0, 4, 10), req(1, 0.0, 4, 100), req(2, 0.0, 4, 10), req(3, 0.0, 4, 10)]
@@ -275,3 +277,84 @@ def test_base_best_takes_the_cheapest_base_and_improves_on_it():
         LookaheadRouter(num_instances=2, base="best", best_of="best")
     with pytest.raises(ValueError):
         LookaheadRouter(num_instances=2, base="best", best_of="no_such_router")
+
+
+# ------------------------------------------------------------------ prefix-heavy traffic: the base's memory, the cache
+
+
+def _prefix_profile():
+    return tiny_profile(num_kv_blocks=400, max_model_len=1200, max_num_batched_tokens=1200, max_num_seqs=16)
+
+
+def _prefixed(i: int, arrival_s: float, hashes: tuple[int, ...], prompt: int = 200, output: int = 2) -> Request:
+    return Request(request_id=i, arrival_s=arrival_s, prompt_tokens=prompt, output_tokens=output,
+                   prefix_hashes=hashes, prefix_block_tokens=4)
+
+
+P_HASHES, Q_HASHES = tuple(range(2000, 2050)), tuple(range(1000, 1050))
+
+
+def _p_again_at_1s(caching: bool) -> tuple:
+    """(profile, requests, simulator): Q to instance 0 and P to instance 1 at t=0, by hand; at t=1 P again waits
+    at the router."""
+    prof = _prefix_profile()
+    reqs = [_prefixed(0, 0.0, Q_HASHES), _prefixed(1, 0.0, P_HASHES), _prefixed(2, 1.0, P_HASHES)]
+    sim = ClusterSim(prof, 2, reqs, prefix_caching=caching)
+    sim.advance(0.0)
+    sim.dispatch(0, 0)
+    sim.dispatch(0, 1)
+    sim.advance(1.0)
+    return prof, reqs, sim
+
+
+def test_the_planner_keeps_a_request_on_its_cached_prefix():
+    """Two idle instances; prompt Q went to instance 0 and prompt P to instance 1 at t=0 (both done by t=1).
+    At t=1 P comes again. A fresh ``token_affinity`` (empty prefix index) sees no sticky instance and breaks
+    the tie to instance 0, away from the cache: the planner's action as a pure function of the simulator
+    (``plan_action``, no history) with a margin no candidate beats. The planner that keeps a live base beside
+    the run copies its index into the rollouts: P is sticky to instance 1, where its 196 cached tokens are."""
+    prof, reqs, sim = _p_again_at_1s(True)
+    assert [r.request_id for r in sim.queue] == [2]
+    assert plan_action(sim, base="token_affinity", margin_s=1e9, horizon_s=0.5).instance == 0
+    planner = LookaheadRouter(num_instances=2, profile=prof, base="token_affinity", margin_s=1e9, horizon_s=0.5,
+                              refresh_s=0)
+    recs = {r.request_id: r for r in ClusterSim(prof, 2, reqs, prefix_caching=True).run(planner)}
+    assert [recs[i].instance for i in range(3)] == [0, 1, 1]
+    assert recs[2].cached_prompt_tokens == 196  # 49 of its 50 4-token blocks (vLLM recomputes the last token)
+    assert planner.live.trees.match_blocks(1, reqs[2]) == 4  # the live base saw the planner's placements
+
+
+def test_the_tail_estimate_credits_the_prefix_cache():
+    """P's 200-token prompt waits at the router at t=1, instance 1 caches 196 of its tokens: the fluid estimate
+    charges it 4 prompt tokens of prefill (at the best instance's cache) and 2 decode tokens, by hand; without
+    prefix caching the whole prompt."""
+    from lbbench.routers.lookahead import _unfinished_estimate_s, instance_costs
+    for caching, prefill_tokens in ((True, 4), (False, 200)):
+        prof, reqs, sim = _p_again_at_1s(caching)
+        assert sim.cached_prompt_tokens(1, reqs[2]) == (196 if caching else 0)
+        assert sim.cached_prompt_tokens(0, reqs[2]) == 0
+        costs = instance_costs(sim)
+        work = prefill_tokens * costs.queued_prefill_token_s + 2 * costs.queued_decode_token_s
+        est, n = _unfinished_estimate_s(sim, 1.0, 1.5, costs)
+        assert n == 1 and est == pytest.approx(0.5 + work / 2)
+
+
+prefixed_rows = st.lists(st.tuples(st.floats(0, 0.5), st.integers(0, 2), st.integers(1, 30), st.integers(1, 20)),
+                         min_size=1, max_size=8)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=prefixed_rows, base=st.sampled_from(["token_affinity", "cache_length_aware", "precise_prefix",
+                                                 "kv_overlap"]))
+def test_exact_rollouts_are_never_worse_than_a_base_with_memory(rows, base):
+    """Prefix-sharing requests (three prefixes), prefix caching on, a base that remembers (prefix index, in-flight
+    tokens, KV events): with exact rollouts each copy of the live base is the base as it would be routing alone
+    from the start, so the rollout property holds."""
+    prof = _prefix_profile()
+    rows = sorted(rows, key=lambda r: r[0])
+    reqs = [_prefixed(i, t, tuple(range(100 * (g + 1), 100 * (g + 1) + 40)) + (10_000 + i,) * 5, 4 * (40 + own), o)
+            for i, (t, g, own, o) in enumerate(rows)]
+    planner = LookaheadRouter(num_instances=2, profile=prof, base=base, horizon_s=math.inf, refresh_s=0)
+    planned = ClusterSim(prof, 2, reqs, prefix_caching=True).run(planner)
+    ref = ClusterSim(prof, 2, reqs, prefix_caching=True).run(get_router(base, num_instances=2, profile=prof))
+    assert _mean_e2e(planned) <= _mean_e2e(ref) + 1e-9
