@@ -10,6 +10,7 @@ import click
 from ..admission import parse_admission, parse_tenants
 from ..experiment.config import profile_ref, split_endpoint
 from ..fleet import FleetError, parse_fleet, split_role
+from ..live.kv_events import address_problem
 from ..predict import load_predictor
 from ..profiles import load_profile
 from ..routers import get_router
@@ -83,12 +84,9 @@ def proxy(endpoints: tuple[str, ...], endpoints_file: str | None, router: str, r
         raise click.BadParameter(ORACLE_REFUSAL.format(name=router), param_hint="--router")
     if needs_kv_events(router) and not kv_events:
         raise click.BadParameter(KV_EVENTS_REFUSAL.format(name=router), param_hint="--router")
-    bad = [a for a in kv_events if not a.startswith(("tcp://", "ipc://"))]
-    if bad:
-        raise click.BadParameter(f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT", param_hint="--kv-events")
-    if kv_events and len(kv_events) != len(urls):
-        raise click.BadParameter(f"{len(kv_events)} address(es) for {len(urls)} backend(s): give one per "
-                                 "--endpoint, in order", param_hint="--kv-events")
+    problem = address_problem(kv_events, len(urls))
+    if problem:
+        raise click.BadParameter(problem, param_hint="--kv-events")
     r = get_router(router, num_instances=len(urls), seed=seed, profile=fleet_prof, **opts)
     pred = None
     if predictor:

@@ -19,6 +19,7 @@ from ..admission import AdmissionError, parse_admission, parse_tenants
 from ..engines import ENGINES
 from ..errors import InputError
 from ..fleet import Fleet, FleetEntry, FleetError, parse_fleet, split_role
+from ..live.kv_events import address_problem
 from ..live.saturation import DEFAULT_WINDOW_S
 from ..predict import load_predictor
 from ..profiles import ProfileError, available_profiles, load_profile
@@ -398,12 +399,9 @@ class RunConfig:
         if self.engine != "vllm" and not self.endpoints:
             raise ConfigError(f"{self.engine}: only for attached endpoints (launched servers are vLLM; the "
                               "simulator has no engine dialect)", "engine")
-        if self.kv_events and len(self.kv_events) != len(self.endpoints):
-            raise ConfigError(f"{len(self.kv_events)} address(es) for {len(self.endpoints)} --endpoint(s): give one "
-                              "per endpoint, in order", "kv_events")
-        bad = [a for a in self.kv_events if not a.startswith(("tcp://", "ipc://"))]
-        if bad:
-            raise ConfigError(f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT", "kv_events")
+        problem = address_problem(self.kv_events, len(self.endpoints))
+        if problem:
+            raise ConfigError(problem, "kv_events")
         if not self.live:
             return
         for r in self.routers:

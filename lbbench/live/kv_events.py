@@ -45,6 +45,20 @@ class KVEventsError(InputError):
     """A KV-event address or message that cannot be used (the message says which)."""
 
 
+#: the ZMQ transports a ``--kv-events`` address may name
+ZMQ_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+def address_problem(addresses: Sequence[str | None], num_endpoints: int | None = None) -> str | None:
+    """What is wrong with ``--kv-events`` ``addresses`` given for ``num_endpoints`` endpoints (None: not checked),
+    or None; each caller raises it as its own kind of error (a run's field, the proxy's flag, the feed)."""
+    if num_endpoints is not None and addresses and len(addresses) != num_endpoints:
+        return (f"{len(addresses)} address(es) for {num_endpoints} --endpoint(s): give one per endpoint, "
+                "in order")
+    bad = [a for a in addresses if a is not None and not a.startswith(ZMQ_SCHEMES)]
+    return f"{bad[0]}: expected a ZMQ address such as tcp://HOST:PORT" if bad else None
+
+
 def token_block_keys(token_ids: Sequence[int], block_size: int, parent_key: int = ROOT_KEY) -> list[int]:
     """Keys of the full ``block_size``-token blocks of ``token_ids``, each ``hash((key before, block's ids))``
     from ``parent_key`` (ints and tuples of ints hash the same in every Python process)."""
@@ -100,9 +114,9 @@ class KVEventFeed:
 
     def __init__(self, addresses: Sequence[str | None], clock: Callable[[], float],
                  tokens_of: Callable[[Request], Sequence[int] | None], topic: str = ""):
-        for a in addresses:
-            if a is not None and not a.startswith(("tcp://", "ipc://", "inproc://")):
-                raise KVEventsError(f"--kv-events {a}: expected a ZMQ address such as tcp://HOST:PORT")
+        problem = address_problem(addresses)
+        if problem:
+            raise KVEventsError(problem, "kv_events")
         self.addresses = list(addresses)
         self.clock, self.tokens_of, self.topic = clock, tokens_of, topic
         self.instances = [_Instance() for _ in addresses]
